@@ -1,0 +1,65 @@
+// The problem every rung solves, and the tensors it reads and writes.
+//
+//   O = softmax(scale · Q Kᵀ + mask) V        per (batch b, head h)
+//
+// Layout: contiguous [B, H, N, d] (PyTorch SDPA order). Q and O have H heads, K and V
+// have Hkv heads; query head h reads key/value head h / (H / Hkv) (grouped-query
+// attention; Hkv = H is ordinary multi-head attention).
+//
+// Causal masking is aligned to the bottom-right corner (FlashAttention >= 2.1):
+// query row i sees key column j iff j <= i + (Nk - Nq). With Nq = Nk that is the
+// usual lower triangle. A query row that sees no key at all (possible when Nq > Nk)
+// has O = 0 and logsumexp = -inf.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace attn {
+
+enum class DType { bf16, fp16, fp8_e4m3 };
+
+const char* dtype_name(DType t);
+DType parse_dtype(const std::string& s);  // "bf16" | "fp16" | "fp8"; throws on anything else
+size_t dtype_bytes(DType t);
+
+struct AttnProblem {
+  int B = 1;       // batch
+  int H = 1;       // query heads
+  int Hkv = 1;     // key/value heads (divides H)
+  int Nq = 1;      // query length
+  int Nk = 1;      // key/value length
+  int d = 64;      // head dimension
+  bool causal = false;
+  DType dtype = DType::bf16;
+  float scale = 0.f;  // softmax scale; 0 means the default 1/sqrt(d)
+
+  float softmax_scale() const { return scale > 0.f ? scale : 1.f / std::sqrt(float(d)); }
+  int group() const { return H / Hkv; }  // query heads per key/value head
+
+  int64_t q_elems() const { return int64_t(B) * H * Nq * d; }
+  int64_t kv_elems() const { return int64_t(B) * Hkv * Nk * d; }  // K (and V, each)
+  int64_t o_elems() const { return q_elems(); }
+  int64_t lse_elems() const { return int64_t(B) * H * Nq; }
+  int64_t score_elems() const { return int64_t(B) * H * Nq * Nk; }  // S or P
+
+  // First key column a query row may see is 0; the last is this (causal only).
+  // Negative means the row sees no key.
+  int64_t last_visible_key(int64_t i) const { return i + (int64_t(Nk) - Nq); }
+
+  std::string describe() const;  // "B=1 H=16 Hkv=16 Nq=4096 Nk=4096 d=128 causal bf16"
+};
+
+struct AttnTensors {
+  const void* q = nullptr;  // [B, H,   Nq, d]
+  const void* k = nullptr;  // [B, Hkv, Nk, d]
+  const void* v = nullptr;  // [B, Hkv, Nk, d]
+  void* o = nullptr;        // [B, H,   Nq, d]  (same dtype as q; bf16 for fp8 inputs)
+  float* lse = nullptr;     // [B, H, Nq] natural-log logsumexp; optional (may be null)
+  void* workspace = nullptr;     // device scratch of Stage::workspace_bytes(problem)
+  size_t workspace_bytes = 0;
+};
+
+}  // namespace attn

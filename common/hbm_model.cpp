@@ -1,0 +1,72 @@
+#include "common/hbm_model.h"
+
+#include <algorithm>
+
+namespace attn::hbm {
+
+namespace {
+double heads(const AttnProblem& p) { return double(p.B) * p.H; }
+double e(const AttnProblem& p) { return double(dtype_bytes(p.dtype)); }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+double visible_pairs(const AttnProblem& p) {
+  if (!p.causal) return double(p.Nq) * p.Nk;
+  double pairs = 0;
+  for (int64_t i = 0; i < p.Nq; ++i) pairs += double(std::clamp<int64_t>(p.last_visible_key(i) + 1, 0, p.Nk));
+  return pairs;
+}
+
+int64_t keys_loaded(const AttnProblem& p, int64_t row_begin, int64_t row_end, int block_cols) {
+  if (!p.causal) return p.Nk;
+  int64_t visible = std::clamp<int64_t>(p.last_visible_key(row_end - 1) + 1, 0, p.Nk);
+  return std::min<int64_t>(p.Nk, ceil_div(visible, block_cols) * block_cols);
+}
+
+double flops(const AttnProblem& p) { return 4.0 * p.d * visible_pairs(p) * heads(p); }
+
+double min_bytes(const AttnProblem& p) {
+  return e(p) * (2.0 * p.q_elems() + 2.0 * p.kv_elems());
+}
+
+double score_pipeline_bytes(const AttnProblem& p, int softmax_reads) {
+  double S = double(p.score_elems());
+  double qo = 2.0 * p.q_elems();                  // Q read by GEMM 1, O written by GEMM 2
+  double kv = 2.0 * heads(p) * p.Nk * p.d;        // K read by GEMM 1, V by GEMM 2 (per query head)
+  double gemms = e(p) * (qo + kv) + 4.0 * S /* S written */ + e(p) * S /* P read */;
+  return gemms + softmax_bytes(p, softmax_reads);
+}
+
+double softmax_bytes(const AttnProblem& p, int softmax_reads) {
+  double S = double(p.score_elems());
+  return 4.0 * S * softmax_reads + e(p) * S;
+}
+
+double fused_rowwise_bytes(const AttnProblem& p) {
+  return e(p) * (2.0 * p.q_elems() + 2.0 * p.d * visible_pairs(p) * heads(p));
+}
+
+double fa1_bytes(const AttnProblem& p, int Br, int Bc) {
+  // Per (batch, head). Row statistics and the O accumulator are fp32.
+  double per_row_step = e(p) * p.d /* Q_i */ + 2.0 * 4 * p.d /* O_i read+write */ + 2.0 * 2 * 4 /* l_i, m_i */;
+  double inner = 0;  // sum over visible (i, j) block pairs of the rows in block i
+  for (int64_t j0 = 0; j0 < p.Nk; j0 += Bc)
+    for (int64_t i0 = 0; i0 < p.Nq; i0 += Br) {
+      int64_t i1 = std::min<int64_t>(i0 + Br, p.Nq);
+      if (keys_loaded(p, i0, i1, Bc) > j0) inner += double(i1 - i0);
+    }
+  double kv = 2.0 * e(p) * p.Nk * p.d;                            // K_j, V_j once
+  double init = p.Nq * (4.0 * p.d + 2 * 4);                       // O = 0, l = 0, m = -inf
+  double finish = p.Nq * (4.0 * p.d /* read O */ + 4 /* l */ + e(p) * p.d /* write O */);
+  return heads(p) * (inner * per_row_step + kv + init + finish);
+}
+
+double fa2_bytes(const AttnProblem& p, int Br, int Bc) {
+  double kv_rows = 0;
+  for (int64_t i0 = 0; i0 < p.Nq; i0 += Br)
+    kv_rows += double(keys_loaded(p, i0, std::min<int64_t>(i0 + Br, p.Nq), Bc));
+  double per_head = e(p) * 2.0 * p.Nq * p.d /* Q, O */ + 4.0 * p.Nq /* lse */ + 2.0 * e(p) * p.d * kv_rows;
+  return heads(p) * per_head;
+}
+
+}  // namespace attn::hbm

@@ -1,0 +1,50 @@
+// Analytic cost model: FLOPs and HBM bytes per rung, the formulas each rung's README
+// derives from its loop nest. Leading terms only (the per-row statistics m and l are
+// counted where a rung keeps them in HBM). Unit-tested on the CPU (tests/test_hbm_model.cpp).
+//
+// Notation: e = bytes per element of Q/K/V/O/P; S is fp32 (4 bytes); "pairs" = the
+// (query, key) pairs the mask leaves visible (Nq*Nk without causal masking).
+// K and V traffic of the fused rungs is counted per query head: with GQA each query head
+// streams its K/V head itself (L2 may share it; the model does not assume so).
+#pragma once
+
+#include <cstdint>
+
+#include "common/attention.h"
+
+namespace attn::hbm {
+
+// Visible (query, key) pairs per (batch, head).
+double visible_pairs(const AttnProblem& p);
+// Keys that a query-row block [row_begin, row_end) must read when K is loaded in blocks
+// of block_cols: all keys up to the block's last visible one, rounded up to whole blocks,
+// capped at Nk. Without causal masking that is Nk.
+int64_t keys_loaded(const AttnProblem& p, int64_t row_begin, int64_t row_end, int block_cols);
+
+// FLOPs: 4 * d per visible pair (QKᵀ and PV, a multiply-add = 2 FLOPs), times B*H.
+double flops(const AttnProblem& p);
+
+// The least any algorithm must move: read Q, K, V once, write O once.
+double min_bytes(const AttnProblem& p);
+
+// 01, 02, 03a: S = QKᵀ by a GEMM (fp32 S written), a softmax that reads S `softmax_reads`
+// times and writes P, O = PV by a GEMM (P and V read, O written). Q, K, V, O once each.
+double score_pipeline_bytes(const AttnProblem& p, int softmax_reads);
+// The softmax kernel(s) alone: S read `softmax_reads` times, P written once.
+double softmax_bytes(const AttnProblem& p, int softmax_reads);
+
+// 03b: each query row streams every visible key and value row from HBM (no reuse between
+// rows), reads its Q row once, writes its O row once.
+double fused_rowwise_bytes(const AttnProblem& p);
+
+// 04: FlashAttention-1 Algorithm 1. Outer loop over K/V blocks of Bc rows (K_j, V_j read
+// once); inner loop over Q blocks of Br rows: for every visible (i, j) block pair, read Q_i,
+// read and write O_i (fp32 accumulator) and l_i, m_i (fp32); then one pass converts O to the
+// output dtype. Initialisation writes O = 0, l = 0, m = -inf once.
+double fa1_bytes(const AttnProblem& p, int Br, int Bc);
+
+// 05, 06: FlashAttention-2 order. Per Q block of Br rows: read Q_i once, read the visible
+// K_j, V_j (blocks of Bc), write O_i and the logsumexp once.
+double fa2_bytes(const AttnProblem& p, int Br, int Bc);
+
+}  // namespace attn::hbm

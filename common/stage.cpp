@@ -1,0 +1,116 @@
+#include "common/stage.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "01_naive/naive.h"
+#include "02_safe_softmax/safe_softmax.h"
+#include "03_online_softmax/online_softmax.h"
+#include "04_fa1_tiled/fa1.h"
+#include "05_fa2_reordered/fa2.h"
+#include "06_fa3_hopper/fa3.h"
+#include "common/check.h"
+
+namespace attn {
+
+bool Stage::supports(DType t) const { return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end(); }
+bool Stage::supports_head_dim(int d) const {
+  return std::find(head_dims.begin(), head_dims.end(), d) != head_dims.end();
+}
+
+// The ladder, in order. This is the only list of rungs.
+const std::vector<Stage>& registry() {
+  static const std::vector<Stage> stages = [] {
+    std::vector<Stage> all;
+    for (auto&& rung : {naive_stages(), safe_softmax_stages(), online_softmax_stages(), fa1_stages(),
+                        fa2_stages(), fa3_stages()})
+      all.insert(all.end(), rung.begin(), rung.end());
+    return all;
+  }();
+  return stages;
+}
+
+const Stage& find_stage(const std::string& name) {
+  for (const Stage& s : registry())
+    if (s.name == name) return s;
+  std::ostringstream os;
+  os << "unknown rung '" << name << "'; registered:";
+  for (const Stage& s : registry()) os << " " << s.name;
+  throw AttnError(os.str());
+}
+
+namespace {
+template <typename T>
+std::string join(const std::vector<T>& v) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  return os.str();
+}
+}  // namespace
+
+void validate_problem(const Stage& s, const AttnProblem& p) {
+  auto fail = [&](const std::string& why) { throw AttnError(s.name + ": " + why + " [" + p.describe() + "]"); };
+  if (p.B < 1 || p.H < 1 || p.Hkv < 1 || p.Nq < 1 || p.Nk < 1 || p.d < 1)
+    fail("B, H, Hkv, Nq, Nk and d must all be >= 1");
+  if (p.H % p.Hkv != 0)
+    fail("Hkv = " + std::to_string(p.Hkv) + " does not divide H = " + std::to_string(p.H));
+  if (p.Hkv != p.H && !s.gqa) fail("grouped-query attention (Hkv < H) is not supported by this rung");
+  if (!s.supports(p.dtype)) {
+    std::vector<std::string> names;
+    for (DType t : s.dtypes) names.push_back(dtype_name(t));
+    fail(std::string("dtype ") + dtype_name(p.dtype) + " is not supported (supported: " + join(names) + ")");
+  }
+  if (!s.supports_head_dim(p.d))
+    fail("head dim d = " + std::to_string(p.d) + " is not supported (supported: " + join(s.head_dims) + ")");
+  if (!(p.scale >= 0.f) || !std::isfinite(p.scale)) fail("scale must be finite and >= 0 (0 = 1/sqrt(d))");
+  if (s.refuse) {
+    std::string why = s.refuse(p);
+    if (!why.empty()) fail(why);
+  }
+}
+
+void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t) {
+  auto fail = [&](const std::string& why) { throw AttnError(s.name + ": " + why); };
+  if (!t.q) fail("Q is a null pointer");
+  if (!t.k) fail("K is a null pointer");
+  if (!t.v) fail("V is a null pointer");
+  if (!t.o) fail("O is a null pointer");
+  size_t need = s.workspace(p);
+  if (need > 0 && (!t.workspace || t.workspace_bytes < need))
+    fail("needs a workspace of " + std::to_string(need) + " bytes, got " + std::to_string(t.workspace_bytes));
+}
+
+void validate_device(const Stage& s) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  int sm = prop.major * 10 + prop.minor;
+  if (sm < s.min_sm) {
+    std::ostringstream os;
+    os << s.name << ": needs compute capability " << s.min_sm / 10 << "." << s.min_sm % 10 << " or newer; "
+       << prop.name << " is " << prop.major << "." << prop.minor;
+    throw AttnError(os.str());
+  }
+}
+
+void require_device_memory(size_t bytes, const std::string& what) {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (bytes > free_b) {
+    std::ostringstream os;
+    os << what << " needs " << bytes << " bytes (" << bytes / double(1 << 30) << " GiB) of device memory; "
+       << free_b << " bytes (" << free_b / double(1 << 30) << " GiB) are free";
+    throw AttnError(os.str());
+  }
+}
+
+void run_stage(const Stage& s, const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  validate_problem(s, p);
+  validate_tensors(s, p, t);
+  validate_device(s);
+  s.launch(p, t, stream);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn

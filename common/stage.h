@@ -1,0 +1,71 @@
+// The Stage record: what every rung registers, once. The bench, the tests and the C API
+// all iterate registry(); nothing else lists the rungs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/attention.h"
+
+namespace attn {
+
+// Every refusal (bad problem, bad pointers, wrong GPU, too little memory) is an AttnError
+// with a message a reader understands. CUDA failures are CudaError (check.h).
+struct AttnError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Stage {
+  std::string name;     // "02_safe_softmax": directory number + idea; also the CSV rung name
+  std::string prev;     // the rung this one is chain-checked against ("" for the first)
+  std::string summary;  // one line for tables: what this rung adds
+  int min_sm = 80;      // minimum compute capability, major*10 + minor (06 needs 90)
+  std::vector<DType> dtypes;
+  std::vector<int> head_dims;
+  bool gqa = true;           // handles Hkv < H; otherwise refuses it
+  bool writes_lse = false;   // writes AttnTensors::lse when it is non-null
+  bool compute_bound = true; // fused rungs: % of GEMM ceiling; memory-bound rungs: of copy BW
+  // Optional limit on the problem beyond dtype/head dim (e.g. a rung with a fixed tile
+  // that needs Nk <= something). Returns "" if fine, else the reason it is refused.
+  std::function<std::string(const AttnProblem&)> refuse;
+  // Device scratch the launch needs (S and P for 01-03a); 0 for fused rungs.
+  std::function<size_t(const AttnProblem&)> workspace_bytes;
+  // Enqueue the whole rung on `stream`. Called only after validate() passed.
+  std::function<void(const AttnProblem&, const AttnTensors&, cudaStream_t)> launch;
+  // HBM bytes this rung moves, from its README's cost model (formulas in hbm_model.h,
+  // bound here to the rung's actual tile sizes).
+  std::function<double(const AttnProblem&)> model_hbm_bytes;
+  // Optional, for the memory-bound rungs 01-03a: enqueue only the softmax kernel, over the
+  // S that a previous full launch left in the workspace, and its modelled bytes. The bench
+  // times it alone against the copy-bandwidth ceiling.
+  std::function<void(const AttnProblem&, const AttnTensors&, cudaStream_t)> launch_softmax_only;
+  std::function<double(const AttnProblem&)> softmax_model_bytes;
+
+  size_t workspace(const AttnProblem& p) const { return workspace_bytes ? workspace_bytes(p) : 0; }
+  bool supports(DType t) const;
+  bool supports_head_dim(int d) const;
+};
+
+// All rungs, in ladder order.
+const std::vector<Stage>& registry();
+// Throws AttnError listing the registered names when `name` is unknown.
+const Stage& find_stage(const std::string& name);
+
+// Checks that need no GPU: sizes >= 1, Hkv divides H, dtype and head dim supported,
+// the rung's own refuse(). Throws AttnError.
+void validate_problem(const Stage& s, const AttnProblem& p);
+// Non-null q/k/v/o, workspace large enough. Throws AttnError.
+void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t);
+// The current device's compute capability >= min_sm. Throws AttnError.
+void validate_device(const Stage& s);
+// Free device memory >= bytes, else AttnError naming `what` and the bytes it needs.
+void require_device_memory(size_t bytes, const std::string& what);
+
+// All three validations, then launch, then a launch-error check. The one way to run a rung.
+void run_stage(const Stage& s, const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
+
+}  // namespace attn
