@@ -1,0 +1,239 @@
+// attn_bench: runs the ladder. Every registered rung (or --rungs) on every problem of the
+// sweep, with the same inputs per problem; prints a progress line per row and a table at
+// the end; writes CSV/JSON rows (schema in common/harness.h).
+//
+//   attn_bench --paper-sweep --check --csv results/h100/ladder.csv
+//   attn_bench --rungs 02_safe_softmax,03a_online_softmax --n 8192 --d 128
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/harness.h"
+#include "common/tolerance.h"
+
+using namespace attn;
+
+namespace {
+
+const char* kUsage = R"(usage: attn_bench [options]
+  --rungs a,b,...     rungs to run (default: all registered, in ladder order)
+  --list              print the registered rungs and exit
+  --paper-sweep       B*N = 16384, H = 2048/d, N in 512..16384, d in {64,128,256}
+  --n 512,1024        sequence lengths (Nq = Nk = n)            [default 1024,4096]
+  --nk N              override Nk (Nq != Nk, bottom-right causal alignment)
+  --d 64,128          head dims                                  [default 128; sweep: 64,128,256]
+  --B N --H N --Hkv N batch, heads, kv heads (without --paper-sweep) [default 1, 16, H]
+  --causal 0|1|both   masking                                    [default both]
+  --dtype bf16,fp16   element types                              [default bf16]
+  --repeats N         timed runs per row (median reported)       [default 20]
+  --check             fp64 reference check (full or 64 sampled rows per head)
+  --measure-bytes     measured DRAM bytes through CUPTI (needs profiling permission)
+  --no-ceilings       skip the copy-bandwidth and GEMM ceilings
+  --csv FILE          write rows as CSV       --json FILE   write rows as JSON
+  --seed N            input seed              --outliers    N(0,1)+N(0,100)*Bernoulli(0.001) inputs
+)";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::cerr << "attn_bench: " << msg << "\n" << kUsage;
+  std::exit(2);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<int> split_ints(const std::string& flag, const std::string& s) {
+  std::vector<int> out;
+  for (const std::string& item : split(s)) {
+    char* end = nullptr;
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (*end || v < 1 || v > (1L << 30)) usage_error(flag + " expects positive integers, got '" + item + "'");
+    out.push_back(int(v));
+  }
+  if (out.empty()) usage_error(flag + " expects a value");
+  return out;
+}
+
+struct Args {
+  std::vector<std::string> rungs;
+  std::vector<int> n = {1024, 4096}, d = {128};
+  int nk = 0, B = 1, H = 16, Hkv = 0;
+  bool paper_sweep = false, d_given = false, n_given = false;
+  std::vector<int> causal = {0, 1};
+  std::vector<DType> dtypes = {DType::bf16};
+  std::string csv, json;
+  bool ceilings = true;
+  HarnessOptions opt;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  a.opt.check_ref = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "--rungs") a.rungs = split(value());
+    else if (f == "--list") {
+      for (const Stage& s : registry()) std::cout << s.name << "  (" << s.summary << ")\n";
+      std::exit(0);
+    } else if (f == "--paper-sweep") a.paper_sweep = true;
+    else if (f == "--n") a.n = split_ints(f, value()), a.n_given = true;
+    else if (f == "--nk") a.nk = split_ints(f, value())[0];
+    else if (f == "--d") a.d = split_ints(f, value()), a.d_given = true;
+    else if (f == "--B") a.B = split_ints(f, value())[0];
+    else if (f == "--H") a.H = split_ints(f, value())[0];
+    else if (f == "--Hkv") a.Hkv = split_ints(f, value())[0];
+    else if (f == "--causal") {
+      std::string v = value();
+      if (v == "0") a.causal = {0};
+      else if (v == "1") a.causal = {1};
+      else if (v == "both") a.causal = {0, 1};
+      else usage_error("--causal expects 0, 1 or both");
+    } else if (f == "--dtype") {
+      a.dtypes.clear();
+      try {
+        for (const std::string& t : split(value())) a.dtypes.push_back(parse_dtype(t));
+      } catch (const AttnError& e) {
+        usage_error(e.what());
+      }
+    } else if (f == "--repeats") a.opt.repeats = split_ints(f, value())[0];
+    else if (f == "--check") a.opt.check_ref = true;
+    else if (f == "--measure-bytes") a.opt.measure_bytes = true;
+    else if (f == "--no-ceilings") a.ceilings = false;
+    else if (f == "--csv") a.csv = value();
+    else if (f == "--json") a.json = value();
+    else if (f == "--seed") a.opt.seed = split_ints(f, value())[0];
+    else if (f == "--outliers") a.opt.fill = Fill::outliers;
+    else if (f == "-h" || f == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else usage_error("unknown flag " + f);
+  }
+  if (a.paper_sweep) {
+    if (!a.n_given) a.n = {512, 1024, 2048, 4096, 8192, 16384};
+    if (!a.d_given) a.d = {64, 128, 256};
+  }
+  return a;
+}
+
+std::vector<AttnProblem> problems(const Args& a) {
+  std::vector<AttnProblem> out;
+  for (DType t : a.dtypes)
+    for (int d : a.d)
+      for (int causal : a.causal)
+        for (int n : a.n) {
+          AttnProblem p;
+          p.dtype = t;
+          p.d = d;
+          p.causal = causal;
+          p.Nq = n;
+          p.Nk = a.nk ? a.nk : n;
+          if (a.paper_sweep) {  // FlashAttention papers: 16k tokens in total, hidden size 2048
+            p.B = std::max(1, 16384 / n);
+            p.H = p.Hkv = std::max(1, 2048 / d);
+          } else {
+            p.B = a.B;
+            p.H = a.H;
+            p.Hkv = a.Hkv ? a.Hkv : a.H;
+          }
+          out.push_back(p);
+        }
+  return out;
+}
+
+double percent_of_ceiling(const Stage& s, const Row& r) {
+  if (s.compute_bound) return r.ceilings.gemm_tflops > 0 ? 100 * r.tflops / r.ceilings.gemm_tflops : -1;
+  if (r.ceilings.copy_gbps <= 0 || r.model_hbm_bytes < 0) return -1;
+  return 100 * r.model_hbm_bytes / (r.t.median_ms * 1e-3) / 1e9 / r.ceilings.copy_gbps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  std::vector<const Stage*> stages;
+  try {
+    if (a.rungs.empty())
+      for (const Stage& s : registry()) stages.push_back(&s);
+    else
+      for (const std::string& name : a.rungs) stages.push_back(&find_stage(name));
+  } catch (const AttnError& e) {
+    usage_error(e.what());
+  }
+  std::string why;
+  if (!cuda_device_available(&why)) {
+    std::cerr << "attn_bench: " << why << "; the ladder needs an NVIDIA GPU\n";
+    return 1;
+  }
+  std::ofstream csv, json;
+  if (!a.csv.empty()) {
+    csv.open(a.csv);
+    if (!csv) usage_error("cannot write " + a.csv);
+    write_csv_header(csv);
+  }
+  try {
+    Harness h(a.opt);
+    std::cout << "gpu: " << h.gpu() << "\n";
+    if (a.opt.measure_bytes)
+      std::cout << "measured bytes: "
+                << (h.counter()->available() ? "CUPTI range profiler" : "not measured (" + h.counter()->reason() + ")")
+                << "\n";
+    if (a.ceilings) {
+      Ceilings c = measure_ceilings(nullptr);
+      std::printf("ceilings: copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOPS\n", c.copy_gbps, c.gemm_tflops);
+      h.set_ceilings(c);
+    }
+    std::vector<AttnProblem> probs = problems(a);
+    std::vector<Row> rows;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      std::printf("[%zu/%zu] %s\n", i + 1, probs.size(), probs[i].describe().c_str());
+      std::fflush(stdout);
+      for (Row& r : h.run_problem(probs[i], stages, [](const std::string& line) {
+             std::puts(line.c_str());
+             std::fflush(stdout);
+           })) {
+        if (csv) write_csv_row(csv, r), csv.flush();
+        rows.push_back(r);
+      }
+    }
+    if (!a.json.empty()) {
+      json.open(a.json);
+      write_json(json, rows);
+    }
+
+    int failures = 0;
+    std::printf("\n%-22s %-34s %9s %8s %7s %9s %9s\n", "rung", "problem", "ms", "TFLOPS", "%ceil", "err_ref",
+                "err_prev");
+    for (const Row& r : rows) {
+      const Stage& s = find_stage(r.rung);
+      double tol = tolerance(r.p.dtype);
+      bool bad = !r.note.empty() || r.err_vs_ref > tol || r.err_vs_prev > tol;
+      failures += bad;
+      std::ostringstream prob;
+      prob << "B" << r.p.B << " H" << r.p.H << " N" << r.p.Nq << (r.p.Nk != r.p.Nq ? "/" + std::to_string(r.p.Nk) : "")
+           << " d" << r.p.d << (r.p.causal ? " causal" : "") << " " << dtype_name(r.p.dtype);
+      std::printf("%-22s %-34s %9.3f %8.1f %7.1f %9.2e %9.2e%s\n", r.rung.c_str(), prob.str().c_str(), r.t.median_ms,
+                  r.tflops, percent_of_ceiling(s, r), r.err_vs_ref, r.err_vs_prev, bad ? "  FAIL" : "");
+    }
+    if (failures) {
+      std::printf("\n%d row(s) failed the accuracy bounds or wrote non-finite values\n", failures);
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "attn_bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,117 @@
+// Runs rungs on problems: seeded inputs, poisoned outputs, the every-element-written
+// check, the chain check against the rung below, the fp64 check, timing, TFLOPS, modelled
+// and measured bytes. One CSV/JSON row per (rung, problem). The bench and the GPU tests
+// are both built on this file.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/attention.h"
+#include "common/device_buffer.h"
+#include "common/hbm_counter.h"
+#include "common/reference.h"
+#include "common/stage.h"
+
+namespace attn {
+
+// Q, K, V on the device, filled from a seed, and their exact float copies on the host
+// (for the fp64 reference) when asked for.
+struct ProblemInputs {
+  ProblemInputs(const AttnProblem& p, uint64_t seed, Fill dist, float mean, float stddev, cudaStream_t stream,
+                bool keep_host);
+  AttnProblem p;
+  DeviceBuffer q, k, v;
+  HostInputs host;  // empty unless keep_host
+};
+
+// One rung's output for one problem.
+struct RungOutput {
+  DeviceBuffer o, lse, workspace;
+  AttnTensors tensors(const ProblemInputs& in) const;
+};
+
+// Validates, checks free memory for the workspace, allocates, poisons O and lse, runs the
+// rung once and synchronizes. Throws AttnError on a refusal, CudaError on a CUDA failure.
+RungOutput run_rung(const Stage& s, const ProblemInputs& in, cudaStream_t stream);
+
+// O rows (as double) and lse values of `rows`, copied from the device.
+std::vector<double> gather_o_rows(const RungOutput& out, const AttnProblem& p, const std::vector<RowIndex>& rows);
+std::vector<double> gather_lse(const RungOutput& out, const AttnProblem& p, const std::vector<RowIndex>& rows);
+
+struct Timing {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  int runs = 0;
+};
+// Warm-up, then `repeats` runs each after an L2 flush, timed with CUDA events around the
+// launch only. A rung slower than max_seconds in total stops early (at least 3 runs).
+Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cudaStream_t stream, int warmup,
+                   int repeats, double max_seconds);
+
+struct Ceilings {
+  double copy_gbps = 0;     // device-to-device copy, bytes read + written per second / 1e9
+  double gemm_tflops = 0;   // bf16 GEMM 8192^3 through cuBLAS, fp32 accumulate
+};
+Ceilings measure_ceilings(cudaStream_t stream);
+
+struct Row {
+  std::string gpu, rung, prev_rung, git_sha, note;
+  AttnProblem p;
+  Timing t;
+  double tflops = -1, model_flops = -1, model_hbm_bytes = -1;
+  DramBytes measured;
+  double err_vs_prev = -1, err_vs_ref = -1, max_abs_vs_ref = -1;
+  double softmax_ms = -1, softmax_model_bytes = -1;
+  Ceilings ceilings;
+};
+
+struct HarnessOptions {
+  int warmup = 3;
+  int repeats = 20;
+  double max_seconds_per_rung = 4.0;
+  bool check_ref = true;
+  int ref_rows_per_head = 64;  // sampled rows when the full reference is too costly
+  double full_ref_macs = 4e9;  // full fp64 check below this many multiply-adds
+  bool measure_bytes = false;
+  uint64_t seed = 2024;
+  Fill fill = Fill::normal;
+  float mean = 0.f, stddev = 1.f;
+};
+
+class Harness {
+ public:
+  explicit Harness(HarnessOptions opt);
+  ~Harness();
+  void set_ceilings(const Ceilings& c) { ceilings_ = c; }
+  const std::string& gpu() const { return gpu_; }
+  const HbmCounter* counter() const { return counter_.get(); }
+  // Runs `stages` (ladder order) on one problem with one set of inputs. A refused rung
+  // gives a line in `log` and no row; any other failure throws.
+  std::vector<Row> run_problem(const AttnProblem& p, const std::vector<const Stage*>& stages,
+                               const std::function<void(const std::string&)>& log);
+
+ private:
+  HarnessOptions opt_;
+  cudaStream_t stream_ = nullptr;
+  std::string gpu_;
+  Ceilings ceilings_;
+  std::unique_ptr<L2Flusher> flusher_;
+  std::unique_ptr<HbmCounter> counter_;
+};
+
+// "NVIDIA H100 80GB HBM3" -> "nvidia_h100_80gb_hbm3".
+std::string gpu_slug(const std::string& device_name);
+std::string current_gpu_slug();
+const char* git_sha();
+
+void write_csv_header(std::ostream& os);
+void write_csv_row(std::ostream& os, const Row& r);
+void write_json(std::ostream& os, const std::vector<Row>& rows);
+
+}  // namespace attn

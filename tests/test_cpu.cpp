@@ -1,0 +1,286 @@
+// CPU tests: the fp64 reference, the cost model, validation and the registry. No GPU needed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "common/hbm_model.h"
+#include "common/reference.h"
+#include "common/stage.h"
+
+using namespace attn;
+
+namespace {
+
+AttnProblem tiny(int Nq, int Nk, int d, bool causal = false, int H = 1, int Hkv = 1) {
+  AttnProblem p;
+  p.B = 1;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.Nq = Nq;
+  p.Nk = Nk;
+  p.d = d;
+  p.causal = causal;
+  return p;
+}
+
+HostInputs random_inputs(const AttnProblem& p, unsigned seed) {
+  HostInputs in;
+  auto fill = [&](std::vector<float>& v, int64_t n) {
+    v.resize(n);
+    for (auto& x : v) {
+      seed = seed * 1664525u + 1013904223u;
+      x = float(int(seed >> 9) % 2001 - 1000) / 500.f;
+    }
+  };
+  fill(in.q, p.q_elems());
+  fill(in.k, p.kv_elems());
+  fill(in.v, p.kv_elems());
+  return in;
+}
+
+}  // namespace
+
+TEST(Reference, HandCheckedTwoKeys) {
+  // One query, two keys, d = 1, scale 1: s = (q*k0, q*k1) = (0, ln 3) -> p = (1/4, 3/4).
+  AttnProblem p = tiny(1, 2, 1);
+  p.scale = 1.f;
+  HostInputs in{{1.f}, {0.f, float(std::log(3.0))}, {4.f, 8.f}};
+  ReferenceRows r = reference_rows(p, in, all_rows(p));
+  EXPECT_NEAR(r.o[0], 0.25 * 4 + 0.75 * 8, 1e-6);
+  EXPECT_NEAR(r.lse[0], std::log(1.0 + 3.0), 1e-6);
+}
+
+TEST(Reference, DefaultScaleIsInverseSqrtD) {
+  AttnProblem p = tiny(1, 2, 4);
+  HostInputs in{{1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}};
+  // s = (0, 4 / sqrt(4)) = (0, 2): weight of key 1 = e^2 / (1 + e^2).
+  ReferenceRows r = reference_rows(p, in, all_rows(p));
+  double w1 = std::exp(2.0) / (1 + std::exp(2.0));
+  for (int c = 0; c < 4; ++c) EXPECT_NEAR(r.o[c], w1, 1e-6);
+}
+
+TEST(Reference, ProbabilitiesSumToOne) {
+  for (bool causal : {false, true}) {
+    AttnProblem p = tiny(7, 11, 8, causal);
+    HostInputs in = random_inputs(p, 3);
+    for (int64_t i = 0; i < p.Nq; ++i) {
+      std::vector<double> probs = reference_probs(p, in, {0, 0, i});
+      double sum = 0;
+      for (double x : probs) sum += x;
+      EXPECT_NEAR(sum, 1.0, 1e-12) << "row " << i << (causal ? " causal" : "");
+    }
+  }
+}
+
+TEST(Reference, CausalIsBottomRightAligned) {
+  // Nq = 2, Nk = 4: row 0 sees keys 0..2, row 1 sees keys 0..3.
+  AttnProblem p = tiny(2, 4, 4, true);
+  HostInputs in = random_inputs(p, 5);
+  std::vector<double> row0 = reference_probs(p, in, {0, 0, 0});
+  EXPECT_GT(row0[2], 0.0);
+  EXPECT_EQ(row0[3], 0.0);
+  std::vector<double> row1 = reference_probs(p, in, {0, 0, 1});
+  EXPECT_GT(row1[3], 0.0);
+  // Nq = Nk: the usual lower triangle.
+  AttnProblem sq = tiny(3, 3, 4, true);
+  HostInputs in2 = random_inputs(sq, 6);
+  std::vector<double> r0 = reference_probs(sq, in2, {0, 0, 0});
+  EXPECT_EQ(r0[1], 0.0);
+  EXPECT_NEAR(r0[0], 1.0, 1e-12);
+}
+
+TEST(Reference, RowWithoutKeysIsZeroWithMinusInfLse) {
+  // Nq = 4 > Nk = 2 causal: rows 0 and 1 see no key (last visible key = i - 2 < 0).
+  AttnProblem p = tiny(4, 2, 4, true);
+  HostInputs in = random_inputs(p, 7);
+  ReferenceRows r = reference_rows(p, in, all_rows(p));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(std::isinf(r.lse[i]) && r.lse[i] < 0) << "row " << i;
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(r.o[i * 4 + c], 0.0);
+  }
+  EXPECT_TRUE(std::isfinite(r.lse[2]));
+}
+
+TEST(Reference, GqaQueryHeadsShareTheirKvHead) {
+  // H = 4, Hkv = 2: heads 0,1 read kv head 0; heads 2,3 read kv head 1. Give heads 0 and 1
+  // (and 2 and 3) the same queries: their outputs must match; heads 0 and 2 must differ.
+  AttnProblem p = tiny(3, 5, 4, false, 4, 2);
+  HostInputs in = random_inputs(p, 9);
+  int64_t head = int64_t(p.Nq) * p.d;
+  std::copy(in.q.begin(), in.q.begin() + head, in.q.begin() + head);
+  std::copy(in.q.begin(), in.q.begin() + head, in.q.begin() + 2 * head);
+  ReferenceRows r = reference_rows(p, in, all_rows(p));
+  for (int64_t x = 0; x < head; ++x) EXPECT_DOUBLE_EQ(r.o[x], r.o[head + x]);
+  double diff = 0;
+  for (int64_t x = 0; x < head; ++x) diff += std::fabs(r.o[x] - r.o[2 * head + x]);
+  EXPECT_GT(diff, 1e-3);
+}
+
+TEST(Reference, SampledRowsCoverBothEnds) {
+  AttnProblem p = tiny(1000, 1000, 8);
+  p.H = 2;
+  p.Hkv = 2;
+  auto rows = sampled_rows(p, 64);
+  ASSERT_EQ(rows.size(), 128u);
+  EXPECT_EQ(rows.front().i, 0);
+  EXPECT_EQ(rows[63].i, 999);
+  for (auto& r : rows) EXPECT_LT(r.i, 1000);
+  EXPECT_EQ(sampled_rows(tiny(17, 17, 8), 64).size(), 17u);
+}
+
+TEST(Reference, HalfPrecisionConversions) {
+  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+  EXPECT_EQ(bf16_to_float(0xc040), -3.0f);
+  EXPECT_EQ(fp16_to_float(0x3c00), 1.0f);
+  EXPECT_EQ(fp16_to_float(0xc200), -3.0f);
+  EXPECT_EQ(fp16_to_float(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_TRUE(std::isinf(fp16_to_float(0x7c00)));
+  EXPECT_TRUE(std::isnan(fp16_to_float(0xffff)));  // the poison pattern
+  EXPECT_TRUE(std::isnan(bf16_to_float(0xffff)));
+}
+
+TEST(Reference, RelativeFrobenius) {
+  double mx = 0;
+  EXPECT_NEAR(rel_frobenius({3, 4}, {0, 5}, &mx), std::sqrt(9.0 + 1.0) / 5.0, 1e-12);
+  EXPECT_EQ(mx, 3.0);
+  EXPECT_TRUE(std::isinf(rel_frobenius({std::nan("")}, {1.0})));
+}
+
+// ---------------------------------------------------------------- cost model
+
+TEST(HbmModel, FlopsCountVisiblePairs) {
+  AttnProblem p = tiny(4, 4, 8);
+  p.B = 2;
+  p.H = 3;
+  p.Hkv = 3;
+  EXPECT_EQ(hbm::flops(p), 4.0 * 8 * 16 * 6);
+  p.causal = true;  // 1 + 2 + 3 + 4 visible pairs
+  EXPECT_EQ(hbm::flops(p), 4.0 * 8 * 10 * 6);
+  AttnProblem r = tiny(2, 4, 8, true);  // bottom-right: rows see 3 and 4 keys
+  EXPECT_EQ(hbm::visible_pairs(r), 7.0);
+  AttnProblem w = tiny(4, 2, 8, true);  // rows see 0, 0, 1, 2 keys
+  EXPECT_EQ(hbm::visible_pairs(w), 3.0);
+}
+
+TEST(HbmModel, ScorePipelineBytes) {
+  AttnProblem p = tiny(128, 256, 64);  // bf16, e = 2
+  double S = 128.0 * 256;
+  EXPECT_EQ(hbm::softmax_bytes(p, 3), 4 * S * 3 + 2 * S);
+  double qkvo = 2.0 * (128 * 64 + 256 * 64 + 256 * 64 + 128 * 64);
+  EXPECT_EQ(hbm::score_pipeline_bytes(p, 2), qkvo + 4 * S + 2 * S + (4 * S * 2 + 2 * S));
+  EXPECT_EQ(hbm::min_bytes(p), qkvo);
+}
+
+TEST(HbmModel, FusedRowwiseRereadsKvPerRow) {
+  AttnProblem p = tiny(100, 200, 64);
+  EXPECT_EQ(hbm::fused_rowwise_bytes(p), 2.0 * (2 * 100 * 64 + 2.0 * 64 * 100 * 200));
+}
+
+TEST(HbmModel, Fa2ReadsKvOncePerQueryBlock) {
+  AttnProblem p = tiny(256, 512, 64);
+  // 2 Q blocks of 128, each reads all 512 K and V rows.
+  EXPECT_EQ(hbm::fa2_bytes(p, 128, 64), 2.0 * 2 * 256 * 64 + 4.0 * 256 + 2.0 * 2 * 64 * (2 * 512));
+  p.causal = true;  // Nq != Nk: block 0 (rows 0..127) sees keys up to 127 + 256 = 383 -> 384 keys
+  EXPECT_EQ(hbm::keys_loaded(p, 0, 128, 64), 384);
+  EXPECT_EQ(hbm::keys_loaded(p, 128, 256, 64), 512);
+  EXPECT_EQ(hbm::fa2_bytes(p, 128, 64), 2.0 * 2 * 256 * 64 + 4.0 * 256 + 2.0 * 2 * 64 * (384 + 512));
+}
+
+TEST(HbmModel, Fa1GrowsAsNSquaredD2OverM) {
+  AttnProblem p = tiny(1024, 1024, 64);
+  double small_blocks = hbm::fa1_bytes(p, 32, 32), big_blocks = hbm::fa1_bytes(p, 32, 128);
+  // Q/O/l/m traffic is proportional to T_c = Nk / Bc: 4x larger Bc, ~4x fewer inner bytes.
+  EXPECT_GT(small_blocks / big_blocks, 3.0);
+  // Exact value for one K/V block and one Q block.
+  AttnProblem q = tiny(16, 16, 8);
+  double inner = 16 * (2.0 * 8 + 2 * 4 * 8 + 16);
+  double expect = inner + 2 * 2 * 16 * 8 + 16 * (4 * 8 + 8) + 16 * (4 * 8 + 4 + 2 * 8);
+  EXPECT_EQ(hbm::fa1_bytes(q, 16, 16), expect);
+}
+
+// ---------------------------------------------------------------- validation and registry
+
+TEST(Registry, NamesUniqueAndChainResolves) {
+  std::set<std::string> seen;
+  ASSERT_FALSE(registry().empty());
+  for (const Stage& s : registry()) {
+    EXPECT_TRUE(seen.insert(s.name).second) << "duplicate rung " << s.name;
+    if (!s.prev.empty()) {
+      EXPECT_TRUE(seen.count(s.prev)) << s.name << ": prev '" << s.prev << "' is not an earlier rung";
+    }
+    EXPECT_TRUE(bool(s.launch)) << s.name;
+    EXPECT_TRUE(bool(s.model_hbm_bytes)) << s.name;
+    EXPECT_FALSE(s.dtypes.empty()) << s.name;
+    EXPECT_FALSE(s.head_dims.empty()) << s.name;
+  }
+}
+
+TEST(Registry, UnknownNameListsTheRungs) {
+  try {
+    find_stage("07_nope");
+    FAIL() << "expected AttnError";
+  } catch (const AttnError& e) {
+    EXPECT_NE(std::string(e.what()).find(registry().front().name), std::string::npos) << e.what();
+  }
+}
+
+TEST(Validation, BadProblemsAreRefusedWithReasons) {
+  for (const Stage& s : registry()) {
+    AttnProblem ok = tiny(17, 17, s.head_dims.front());
+    ok.dtype = s.dtypes.front();
+    EXPECT_NO_THROW(validate_problem(s, ok)) << s.name;
+    auto refused = [&](AttnProblem p, const std::string& needle) {
+      try {
+        validate_problem(s, p);
+        ADD_FAILURE() << s.name << " accepted " << p.describe();
+      } catch (const AttnError& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    };
+    AttnProblem p = ok;
+    p.d = 80;
+    refused(p, "head dim d = 80");
+    p = ok;
+    p.Nq = 0;
+    refused(p, ">= 1");
+    p = ok;
+    p.H = 4;
+    p.Hkv = 3;
+    refused(p, "does not divide");
+    p = ok;
+    p.dtype = DType::fp8_e4m3;
+    if (!s.supports(DType::fp8_e4m3)) refused(p, "dtype fp8");
+  }
+}
+
+TEST(Validation, NullPointersAndMissingWorkspace) {
+  for (const Stage& s : registry()) {
+    AttnProblem p = tiny(17, 17, s.head_dims.front());
+    p.dtype = s.dtypes.front();
+    int dummy = 0;
+    AttnTensors t{&dummy, &dummy, &dummy, &dummy};
+    std::vector<char> ws(s.workspace(p));
+    t.workspace = ws.data();
+    t.workspace_bytes = ws.size();
+    EXPECT_NO_THROW(validate_tensors(s, p, t)) << s.name;
+    AttnTensors no_q = t;
+    no_q.q = nullptr;
+    EXPECT_THROW(validate_tensors(s, p, no_q), AttnError) << s.name;
+    AttnTensors no_o = t;
+    no_o.o = nullptr;
+    EXPECT_THROW(validate_tensors(s, p, no_o), AttnError) << s.name;
+    if (s.workspace(p) > 0) {
+      AttnTensors no_ws = t;
+      no_ws.workspace_bytes = 0;
+      EXPECT_THROW(validate_tensors(s, p, no_ws), AttnError) << s.name;
+    }
+  }
+}
+
+TEST(Validation, DtypeNames) {
+  EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
+  EXPECT_EQ(parse_dtype("fp16"), DType::fp16);
+  EXPECT_THROW(parse_dtype("fp32"), AttnError);
+}

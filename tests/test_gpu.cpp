@@ -1,0 +1,360 @@
+// GPU tests: every registered rung against the fp64 reference and the rung below, on odd
+// shapes, both masks, both dtypes, Nq != Nk and GQA; the overflow lesson of 01; refusals
+// before any launch; determinism; very long sequences; measured HBM bytes.
+// Without a GPU every test here skips with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "common/c_api.h"
+#include "common/check.h"
+#include "common/harness.h"
+#include "common/hbm_model.h"
+#include "common/tolerance.h"
+
+using namespace attn;
+
+namespace {
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_device_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+    CUDA_CHECK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+struct Shape {
+  int B, H, Hkv, Nq, Nk, d;
+  bool causal;
+  DType dtype;
+};
+
+std::string name_of(const Shape& s) {
+  std::ostringstream os;
+  os << dtype_name(s.dtype) << "_d" << s.d << "_B" << s.B << "H" << s.H << "kv" << s.Hkv << "_Nq" << s.Nq << "_Nk"
+     << s.Nk << (s.causal ? "_causal" : "");
+  return os.str();
+}
+
+AttnProblem problem_of(const Shape& s) {
+  AttnProblem p;
+  p.B = s.B;
+  p.H = s.H;
+  p.Hkv = s.Hkv;
+  p.Nq = s.Nq;
+  p.Nk = s.Nk;
+  p.d = s.d;
+  p.causal = s.causal;
+  p.dtype = s.dtype;
+  return p;
+}
+
+bool runs_here(const Stage& s, const AttnProblem& p) {
+  try {
+    validate_problem(s, p);
+    validate_device(s);
+    return true;
+  } catch (const AttnError&) {
+    return false;
+  }
+}
+
+// Checks one rung's output against the reference rows: every element written and
+// finite, relative error within the dtype's bound, lse where the rung writes it.
+void expect_matches_reference(const Stage& s, const RungOutput& out, const ProblemInputs& in,
+                              const std::vector<RowIndex>& rows, const ReferenceRows& ref, cudaStream_t stream) {
+  const AttnProblem& p = in.p;
+  EXPECT_EQ(count_nonfinite(out.o.get(), p.o_elems(), p.dtype, stream), 0) << "unwritten (poison) or non-finite O";
+  double max_abs = 0;
+  double err = rel_frobenius(gather_o_rows(out, p, rows), ref.o, &max_abs);
+  EXPECT_LE(err, tolerance(p.dtype)) << "vs fp64, max abs error " << max_abs;
+  if (s.writes_lse) {
+    std::vector<double> lse = gather_lse(out, p, rows);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (std::isinf(ref.lse[r])) {
+        EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << "row " << rows[r].i << " sees no key: lse " << lse[r];
+      } else {
+        ASSERT_NEAR(lse[r], ref.lse[r], 2e-2 * (1 + std::fabs(ref.lse[r]))) << "lse of row " << rows[r].i;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the ladder vs fp64
+
+class Ladder : public Gpu, public ::testing::WithParamInterface<Shape> {};
+
+TEST_P(Ladder, EveryRungMatchesFp64AndTheRungBelow) {
+  AttnProblem p = problem_of(GetParam());
+  ProblemInputs in(p, 1234 + p.Nq * 7 + p.Nk + p.d, Fill::normal, 0.f, 1.f, stream_, true);
+  double macs = double(p.B) * p.H * p.Nq * double(p.Nk) * p.d;
+  std::vector<RowIndex> rows = macs <= 4e9 ? all_rows(p) : sampled_rows(p, 64);
+  ReferenceRows ref = reference_rows(p, in.host, rows);
+  std::map<std::string, RungOutput> done;
+  int ran = 0;
+  for (const Stage& s : registry()) {
+    if (!runs_here(s, p)) continue;
+    SCOPED_TRACE(s.name + " on " + p.describe());
+    RungOutput out = run_rung(s, in, stream_);
+    ++ran;
+    expect_matches_reference(s, out, in, rows, ref, stream_);
+    for (std::string below = s.prev; !below.empty(); below = find_stage(below).prev)
+      if (done.count(below)) {
+        double err = rel_frobenius_device(out.o.get(), done[below].o.get(), p.o_elems(), p.dtype, stream_);
+        EXPECT_LE(err, tolerance(p.dtype)) << "chain check vs " << below;
+        break;
+      }
+    out.workspace = DeviceBuffer();
+    done.emplace(s.name, std::move(out));
+  }
+  EXPECT_GT(ran, 0) << "no rung supports " << p.describe();
+}
+
+std::vector<Shape> ladder_shapes() {
+  std::vector<Shape> shapes;
+  for (DType t : {DType::bf16, DType::fp16})
+    for (int d : {64, 128, 256})
+      for (bool causal : {false, true}) {
+        for (int n : {1, 17, 113, 1000}) shapes.push_back({1, 4, 2, n, n, d, causal, t});  // GQA group 2
+        shapes.push_back({1, 1, 1, 4097, 4097, d, causal, t});
+        // Nq != Nk both ways; with causal and Nq > Nk the first rows see no key.
+        shapes.push_back({2, 2, 2, 17, 1000, d, causal, t});
+        shapes.push_back({1, 2, 1, 1000, 113, d, causal, t});
+        shapes.push_back({1, 1, 1, 4097, 113, d, causal, t});
+      }
+  return shapes;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Ladder, ::testing::ValuesIn(ladder_shapes()),
+                         [](const auto& info) { return name_of(info.param); });
+
+// ---------------------------------------------------------------- lessons and refusals
+
+TEST_F(Gpu, NaiveSoftmaxOverflowsAndSafeSoftmaxDoesNot) {
+  // All scores = 100 (q = k = c with c^2 * d * scale = 100): exp(100) overflows fp32.
+  AttnProblem p;
+  p.H = p.Hkv = 1;
+  p.Nq = p.Nk = 64;
+  p.d = 64;
+  float c = std::sqrt(100.f / (p.d * p.softmax_scale()));
+  ProblemInputs in(p, 5, Fill::normal, c, 0.f, stream_, true);
+  // V random (the harness filled it with c): refill so the expected mean is informative.
+  fill_random(in.v.get(), p.kv_elems(), p.dtype, 77, Fill::normal, 0.f, 1.f, stream_);
+  std::vector<uint16_t> raw(p.kv_elems());
+  CUDA_CHECK(cudaMemcpy(raw.data(), in.v.get(), raw.size() * 2, cudaMemcpyDeviceToHost));
+  in.host.v = to_float(raw, p.dtype);
+  std::vector<RowIndex> rows = all_rows(p);
+  ReferenceRows ref = reference_rows(p, in.host, rows);
+  for (const Stage& s : registry()) {
+    if (!runs_here(s, p)) continue;
+    SCOPED_TRACE(s.name);
+    RungOutput out = run_rung(s, in, stream_);
+    int64_t bad = count_nonfinite(out.o.get(), p.o_elems(), p.dtype, stream_);
+    if (s.name == "01_naive") {
+      EXPECT_GT(bad, 0) << "01 subtracts no max: exp(100) must overflow to Inf and give NaN";
+    } else {
+      expect_matches_reference(s, out, in, rows, ref, stream_);
+    }
+  }
+}
+
+TEST_F(Gpu, RefusedProblemsLaunchNothing) {
+  for (const Stage& s : registry()) {
+    SCOPED_TRACE(s.name);
+    AttnProblem p;
+    p.Nq = p.Nk = 17;
+    p.d = s.head_dims.front();
+    p.dtype = s.dtypes.front();
+    ProblemInputs in(p, 3, Fill::normal, 0, 1, stream_, false);
+    DeviceBuffer o(p.o_elems() * 2), ws(std::max<size_t>(s.workspace(p), 1));
+    fill_poison(o.get(), o.bytes(), stream_);
+    AttnTensors t{in.q.get(), in.k.get(), in.v.get(), o.get(), nullptr, ws.get(), ws.bytes()};
+    AttnProblem bad_d = p;
+    bad_d.d = 80;
+    EXPECT_THROW(run_stage(s, bad_d, t, stream_), AttnError);
+    AttnProblem bad_heads = p;
+    bad_heads.H = 3;
+    bad_heads.Hkv = 2;
+    EXPECT_THROW(run_stage(s, bad_heads, t, stream_), AttnError);
+    AttnTensors null_k = t;
+    null_k.k = nullptr;
+    EXPECT_THROW(run_stage(s, p, null_k, stream_), AttnError);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<unsigned char> host(o.bytes());
+    CUDA_CHECK(cudaMemcpy(host.data(), o.get(), host.size(), cudaMemcpyDeviceToHost));
+    for (unsigned char b : host) ASSERT_EQ(b, 0xFF) << "a refused problem wrote to O";
+  }
+}
+
+TEST_F(Gpu, QuadraticRungsRefuseWhatDoesNotFitWithTheBytesNeeded) {
+  AttnProblem p;
+  p.H = p.Hkv = 16;
+  p.Nq = p.Nk = 1 << 20;  // S alone would be 16 * 2^40 * 4 bytes
+  p.d = 64;
+  int checked = 0;
+  for (const Stage& s : registry()) {
+    if (s.workspace(p) == 0 || !runs_here(s, p)) continue;
+    ++checked;
+    try {
+      ProblemInputs in(p, 1, Fill::normal, 0, 1, stream_, false);
+      run_rung(s, in, stream_);
+      ADD_FAILURE() << s.name << " accepted a problem needing " << s.workspace(p) << " bytes";
+    } catch (const AttnError& e) {
+      EXPECT_NE(std::string(e.what()).find("bytes"), std::string::npos) << e.what();
+    }
+  }
+  // And through the C API: an error code and the message, no crash.
+  attn_problem_t cp{1, 16, 16, 1 << 20, 1 << 20, 64, 0, 0, 0.f};
+  char err[512] = {0};
+  int dummy;
+  EXPECT_EQ(attn_run("01_naive", &cp, &dummy, &dummy, &dummy, &dummy, nullptr, nullptr, err, sizeof err),
+            ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("bytes"), std::string::npos) << err;
+  EXPECT_GT(checked, 0);
+}
+
+TEST_F(Gpu, CApiRunsAndReportsErrors) {
+  AttnProblem p;
+  p.H = p.Hkv = 2;
+  p.Nq = p.Nk = 113;
+  p.d = 64;
+  ProblemInputs in(p, 11, Fill::normal, 0, 1, stream_, true);
+  std::vector<RowIndex> rows = all_rows(p);
+  ReferenceRows ref = reference_rows(p, in.host, rows);
+  attn_problem_t cp{p.B, p.H, p.Hkv, p.Nq, p.Nk, p.d, 0, 0, 0.f};
+  for (int i = 0; i < attn_num_rungs(); ++i) {
+    const Stage& s = find_stage(attn_rung_name(i));
+    if (!runs_here(s, p)) continue;
+    RungOutput out;
+    out.o = DeviceBuffer(p.o_elems() * 2);
+    fill_poison(out.o.get(), out.o.bytes(), stream_);
+    char err[512] = {0};
+    ASSERT_EQ(attn_run(s.name.c_str(), &cp, in.q.get(), in.k.get(), in.v.get(), out.o.get(), nullptr, stream_, err,
+                       sizeof err),
+              ATTN_OK)
+        << s.name << ": " << err;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    EXPECT_LE(rel_frobenius(gather_o_rows(out, p, rows), ref.o), tolerance(p.dtype)) << s.name;
+  }
+  char err[512] = {0};
+  attn_problem_t bad = cp;
+  bad.d = 80;
+  EXPECT_EQ(attn_run(attn_rung_name(0), &bad, in.q.get(), in.k.get(), in.v.get(), in.q.get(), nullptr, stream_, err,
+                     sizeof err),
+            ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("d = 80"), std::string::npos) << err;
+  EXPECT_EQ(attn_run("no_such_rung", &cp, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, err, sizeof err),
+            ATTN_UNKNOWN_RUNG);
+}
+
+// ---------------------------------------------------------------- races and long sequences
+
+TEST_F(Gpu, RepeatedRunsAreBitIdentical) {
+  for (bool causal : {false, true}) {
+    AttnProblem p;
+    p.B = 2;
+    p.H = 4;
+    p.Hkv = 2;
+    p.Nq = p.Nk = 1000;
+    p.d = 128;
+    p.causal = causal;
+    ProblemInputs in(p, 21, Fill::normal, 0, 1, stream_, false);
+    for (const Stage& s : registry()) {
+      if (!runs_here(s, p)) continue;
+      SCOPED_TRACE(s.name + (causal ? " causal" : ""));
+      RungOutput a = run_rung(s, in, stream_);
+      RungOutput b = run_rung(s, in, stream_);
+      std::vector<unsigned char> ha(a.o.bytes()), hb(b.o.bytes());
+      CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size()), 0) << "two runs on the same inputs differ: a race";
+    }
+  }
+}
+
+TEST_F(Gpu, LongSequenceRunsWithoutQuadraticMemory) {
+  // N = 131072, d = 128: S alone would be 64 GiB. Fused rungs must run it; the others must
+  // refuse it with the bytes they would need.
+  AttnProblem p;
+  p.Nq = p.Nk = 131072;
+  p.d = 128;
+  ProblemInputs in(p, 31, Fill::normal, 0, 1, stream_, true);
+  std::vector<RowIndex> rows = sampled_rows(p, 64);
+  ReferenceRows ref = reference_rows(p, in.host, rows);
+  int fused = 0;
+  for (const Stage& s : registry()) {
+    if (!runs_here(s, p)) continue;
+    SCOPED_TRACE(s.name);
+    if (s.workspace(p) > (size_t(32) << 30)) {
+      EXPECT_THROW(run_rung(s, in, stream_), AttnError);
+      continue;
+    }
+    RungOutput out = run_rung(s, in, stream_);
+    expect_matches_reference(s, out, in, rows, ref, stream_);
+    fused += s.workspace(p) == 0;
+  }
+  EXPECT_GT(fused, 0);
+}
+
+// ---------------------------------------------------------------- sanitizer subset
+// Small shapes for compute-sanitizer (memcheck, racecheck, synccheck): scripts/reproduce.sh
+// runs gpu_tests --gtest_filter='Sanitize*' under each tool.
+
+TEST_F(Gpu, SanitizeSmallShapes) {
+  for (bool causal : {false, true})
+    for (auto [nq, nk] : {std::pair{113, 113}, std::pair{65, 200}, std::pair{200, 65}})
+      for (const Stage& s : registry()) {
+        AttnProblem p;
+        p.H = 2;
+        p.Hkv = 1;
+        p.Nq = nq;
+        p.Nk = nk;
+        p.causal = causal;
+        p.d = s.head_dims.back();
+        if (!runs_here(s, p)) continue;
+        SCOPED_TRACE(s.name + " " + p.describe());
+        ProblemInputs in(p, 41, Fill::normal, 0, 1, stream_, true);
+        std::vector<RowIndex> rows = all_rows(p);
+        expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
+      }
+}
+
+// ---------------------------------------------------------------- measured HBM bytes
+
+TEST_F(Gpu, MeasuredBytesAgreeWithTheModel) {
+  HbmCounter counter;
+  if (!counter.available()) GTEST_SKIP() << "measured bytes unavailable: " << counter.reason();
+  AttnProblem p;
+  p.H = p.Hkv = 16;
+  p.Nq = p.Nk = 8192;
+  p.d = 128;
+  ProblemInputs in(p, 51, Fill::normal, 0, 1, stream_, false);
+  for (const Stage& s : registry()) {
+    if (!runs_here(s, p)) continue;
+    RungOutput out = run_rung(s, in, stream_);
+    AttnTensors t = out.tensors(in);
+    DramBytes b = counter.measure([&] { s.launch(p, t, stream_); }, stream_);
+    double measured = b.read + b.write, model = s.model_hbm_bytes(p), floor = hbm::min_bytes(p);
+    std::printf("  %-24s model %8.3f GB  measured %8.3f GB (read %.3f, write %.3f)  min %.3f GB\n", s.name.c_str(),
+                model / 1e9, measured / 1e9, b.read / 1e9, b.write / 1e9, floor / 1e9);
+    if (s.workspace(p) > 0) {
+      // S and P are far larger than L2: the model must hold within 15%.
+      EXPECT_NEAR(measured / model, 1.0, 0.15) << s.name;
+    } else {
+      // Fused rungs: the model counts re-reads that L2 may absorb; never below the minimum.
+      EXPECT_GE(measured, 0.85 * floor) << s.name;
+      EXPECT_LE(measured, 1.15 * model) << s.name;
+    }
+  }
+}
+
+}  // namespace
