@@ -38,8 +38,10 @@ double score_pipeline_bytes(const AttnProblem& p, int softmax_reads) {
 }
 
 double softmax_bytes(const AttnProblem& p, int softmax_reads) {
-  double S = double(p.score_elems());
-  return 4.0 * S * softmax_reads + e(p) * S;
+  // Each pass reads only the visible part of a row of S; P is written in full (zeros
+  // where masked) because the PV GEMM reads all of it.
+  double visible = visible_pairs(p) * heads(p);
+  return 4.0 * visible * softmax_reads + e(p) * double(p.score_elems());
 }
 
 double fused_rowwise_bytes(const AttnProblem& p) {

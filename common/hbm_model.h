@@ -30,7 +30,8 @@ double min_bytes(const AttnProblem& p);
 // 01, 02, 03a: S = QKᵀ by a GEMM (fp32 S written), a softmax that reads S `softmax_reads`
 // times and writes P, O = PV by a GEMM (P and V read, O written). Q, K, V, O once each.
 double score_pipeline_bytes(const AttnProblem& p, int softmax_reads);
-// The softmax kernel(s) alone: S read `softmax_reads` times, P written once.
+// The softmax kernel(s) alone: the visible part of S read `softmax_reads` times, P
+// (all Nq x Nk, zeros where masked) written once.
 double softmax_bytes(const AttnProblem& p, int softmax_reads);
 
 // 03b: each query row streams every visible key and value row from HBM (no reuse between

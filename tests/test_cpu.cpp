@@ -171,6 +171,8 @@ TEST(HbmModel, ScorePipelineBytes) {
   double qkvo = 2.0 * (128 * 64 + 256 * 64 + 256 * 64 + 128 * 64);
   EXPECT_EQ(hbm::score_pipeline_bytes(p, 2), qkvo + 4 * S + 2 * S + (4 * S * 2 + 2 * S));
   EXPECT_EQ(hbm::min_bytes(p), qkvo);
+  AttnProblem c = tiny(4, 4, 64, true);  // 10 visible of 16 scores: masked ones are not read
+  EXPECT_EQ(hbm::softmax_bytes(c, 2), 4.0 * 10 * 2 + 2.0 * 16);
 }
 
 TEST(HbmModel, FusedRowwiseRereadsKvPerRow) {

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs (or reports) what the build and the tests need besides the CUDA toolkit:
+# CMake >= 3.25, Ninja, GoogleTest, Python 3 with matplotlib. Uses apt and pip only.
+set -euo pipefail
+
+need_apt=()
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v cmake >/dev/null || need_apt+=(cmake)
+[ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "install_deps: installing ${need_apt[*]} with apt-get"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+  echo "install_deps: installing matplotlib with pip"
+  python3 -m pip install --quiet matplotlib || python3 -m pip install --quiet --break-system-packages matplotlib
+fi
+
+command -v nvcc >/dev/null || { echo "install_deps: nvcc not found: install the CUDA toolkit (>= 12.4) and put its bin/ on PATH" >&2; exit 1; }
+cmake_version=$(cmake --version | head -1 | awk '{print $3}')
+if [ "$(printf '%s\n' 3.25 "$cmake_version" | sort -V | head -1)" != 3.25 ]; then
+  echo "install_deps: CMake $cmake_version is older than 3.25 (python3 -m pip install cmake gives a newer one)" >&2
+  exit 1
+fi
+echo "install_deps: ok (cmake $cmake_version, $(nvcc --version | tail -1))"
