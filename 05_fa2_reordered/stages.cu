@@ -1,5 +1,88 @@
 #include "05_fa2_reordered/fa2.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <string>
+
+#include "05_fa2_reordered/fa2_tiles.h"
+#include "common/hbm_model.h"
+
 namespace attn {
-std::vector<Stage> fa2_stages() { return {}; }
+
+namespace {
+
+struct TileShape {
+  int Br, Bc;
+};
+
+// The B_r x B_c tile that head dim d runs with (fa2_tiles.h).
+TileShape tile_shape(int d) {
+  switch (d) {
+    case 64: return {fa2::Tile64::kBr, fa2::Tile64::kBc};
+    case 128: return {fa2::Tile128::kBr, fa2::Tile128::kBc};
+    default: return {fa2::Tile256::kBr, fa2::Tile256::kBc};
+  }
 }
+
+// One CTA per (Q block, head, batch), all in grid.x.
+std::string refuse_grid(const AttnProblem& p) {
+  const int64_t Br = tile_shape(p.d).Br;
+  const int64_t ctas = int64_t(p.B) * p.H * ((p.Nq + Br - 1) / Br);
+  if (ctas > INT_MAX)
+    return "B * H * ceil(Nq / B_r) = " + std::to_string(ctas) + " thread blocks exceeds the grid limit " +
+           std::to_string(INT_MAX);
+  return "";
+}
+
+double model_bytes(const AttnProblem& p) { return hbm::fa2_bytes(p, tile_shape(p.d).Br, tile_shape(p.d).Bc); }
+
+template <typename T>
+void launch_delayed(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  switch (p.d) {
+    case 64: return fa2::launch_fa2<T, fa2::Tile64, true>(p, t, stream);
+    case 128: return fa2::launch_fa2<T, fa2::Tile128, true>(p, t, stream);
+    default: return fa2::launch_fa2<T, fa2::Tile256, true>(p, t, stream);
+  }
+}
+
+void launch_fa2_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  if (p.dtype == DType::bf16) return launch_delayed<__nv_bfloat16>(p, t, stream);
+  return launch_delayed<__half>(p, t, stream);
+}
+
+void launch_no_delay_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  if (p.dtype == DType::bf16) return fa2::launch_fa2<__nv_bfloat16, fa2::Tile128, false>(p, t, stream);
+  return fa2::launch_fa2<__half, fa2::Tile128, false>(p, t, stream);
+}
+
+}  // namespace
+
+std::vector<Stage> fa2_stages() {
+  Stage fa2;
+  fa2.name = "05_fa2_reordered";
+  fa2.prev = "04_fa1_tiled";
+  fa2.summary = "FlashAttention-2: Q-block outer loop, O in registers, delayed normalization, mma.sync";
+  fa2.min_sm = 80;
+  fa2.dtypes = {DType::bf16, DType::fp16};
+  fa2.head_dims = {64, 128, 256};
+  fa2.gqa = true;
+  fa2.writes_lse = true;
+  fa2.compute_bound = true;
+  fa2.refuse = refuse_grid;
+  fa2.launch = launch_fa2_stage;
+  fa2.model_hbm_bytes = model_bytes;
+
+  // Ablation: the same kernel dividing O_i by l_i at every step, as FlashAttention-1.
+  Stage no_delay = fa2;
+  no_delay.name = "05_fa2_no_delay";
+  no_delay.prev = "05_fa2_reordered";
+  no_delay.summary = "05 without delayed normalization (O_i rescaled by 1/l_i every K/V block)";
+  no_delay.head_dims = {128};
+  no_delay.launch = launch_no_delay_stage;
+
+  return {fa2, no_delay};
+}
+
+}  // namespace attn

@@ -1,0 +1,476 @@
+// FlashAttention-2 forward (Dao 2023, Algorithm 1) for sm_80+: one CTA per (Q block i,
+// head h, batch b); the CTA loops over the K/V blocks j, keeping O_i, m_i and l_i in
+// registers, and divides by l_i once, after the loop.
+//
+// Work split inside a CTA (B_r = 128, 4 warps): warp w owns 32 rows of Q_i, hence the
+// same rows of S_ij, P_ij and O_i. It reads all of K_j and V_j from shared memory, so no
+// warp ever needs another warp's partial results (no shared-memory reduction).
+//
+//            K_j^T (B_c keys)            V_j (d columns)
+//          +----------------+          +----------------+
+//   warp 0 | S_ij rows 0-31 |  -> P -> | O_i rows 0-31  |
+//   warp 1 | rows 32-63     |          | rows 32-63     |
+//   warp 2 | rows 64-95     |          | rows 64-95     |
+//   warp 3 | rows 96-127    |          | rows 96-127    |
+//          +----------------+          +----------------+
+//
+// mma.sync m16n8k16 fragments (g = lane / 4, t = lane % 4; each register holds two
+// consecutive columns, the lower one in the low half):
+//
+//   A (16x16, Q or P)        B (16x8, K^T or V)       C (16x8 fp32, S or O)
+//   a0: row g,   cols 2t..   b0: k 2t..,   col g      c0,c1: row g,   cols 2t, 2t+1
+//   a1: row g+8, cols 2t..   b1: k 2t+8.., col g      c2,c3: row g+8, cols 2t, 2t+1
+//   a2: row g,   cols 2t+8..
+//   a3: row g+8, cols 2t+8..
+//
+// Why P never leaves registers: the C fragments of two neighbouring 8-key tiles of S_ij
+// (keys 16k..16k+7 and 16k+8..16k+15) hold exactly the elements that the A fragment of
+// the 16-key step k of P_ij V_j needs, in the same lanes:
+//
+//   S tile 2k   : c0,c1 (row g, keys 2t..)  -> a0      c2,c3 (row g+8, keys 2t..) -> a1
+//   S tile 2k+1 : c0,c1 (row g, keys 8+2t..) -> a2     c2,c3 (row g+8, keys 8+2t..) -> a3
+//
+// so P_ij becomes the A operand by packing pairs of fp32 into bf16x2/fp16x2 in place.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "05_fa2_reordered/fa2_tiles.h"
+#include "05_fa2_reordered/ptx.cuh"
+#include "common/check.h"
+#include "common/stage.h"
+
+namespace attn::fa2 {
+
+template <typename T>
+struct Params {
+  const T* q;   // [B, H, Nq, d]
+  const T* k;   // [B, Hkv, Nk, d]
+  const T* v;   // [B, Hkv, Nk, d]
+  T* o;         // [B, H, Nq, d]
+  float* lse;   // [B, H, Nq] or null
+  int H, Hkv, group, Nq, Nk;
+  int T_r;           // Q blocks per head
+  bool causal;
+  float scale;       // softmax scale
+  float scale_log2;  // scale * log2(e): exp(scale * x) = exp2(scale_log2 * x)
+};
+
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr int kChunkElems = 8;  // one 16-byte chunk = 8 bf16/fp16 elements
+
+// Shared-memory tiles are row-major with rows padded by one 16-byte chunk (Tile::kStride =
+// d + 8 elements). An ldmatrix 8x8 matrix reads the same chunk of 8 consecutive rows; with
+// an unpadded stride (a multiple of 128 bytes) all 8 would sit in the same 4 banks. The pad
+// shifts each row by 16 bytes, so the 8 rows cover all 32 banks (row r, chunk c sits in
+// bank group (r + c) mod 8):
+//
+//   bank group (16 B):  0   1   2   3   4   5   6   7
+//   row 0:             c0  c1  c2  c3  c4  c5  c6  c7   (then c8.., the pad)
+//   row 1:             c7  c0  c1  c2  c3  c4  c5  c6
+//   row 2:             c6  c7  c0  c1  c2  c3  c4  c5
+//
+// Every fragment address is then a per-lane base plus a compile-time offset.
+template <class Cfg>
+__device__ __forceinline__ int tile_offset(int row, int chunk) {
+  return row * Cfg::kStride + chunk * kChunkElems;
+}
+
+// Shared address of row `row`, chunk `chunk` of a tile: the per-lane base of an ldmatrix.
+template <class Cfg, typename T>
+__device__ __forceinline__ uint32_t lane_base(const T* tile, int row, int chunk) {
+  return ptx::smem_u32(tile + tile_offset<Cfg>(row, chunk));
+}
+
+// The ldmatrix address `rows` rows and 2 * k16 chunks (16 columns) past a lane's base.
+template <class Cfg>
+__device__ __forceinline__ uint32_t frag_addr(uint32_t base, int rows, int k16) {
+  return base + (rows * Cfg::kStride + 2 * k16 * kChunkElems) * Cfg::kElemBytes;
+}
+
+// cp.async rows [first_row, first_row + kRows) of a [n_rows, D] matrix into a padded tile;
+// rows past n_rows are zero-filled and never read from global memory. Thread t copies chunk
+// t % (D/8) of rows t / (D/8) + k * (threads / (D/8)): one base address, constant offsets.
+template <class Cfg, int kRows, typename T>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int first_row, int n_rows) {
+  constexpr int kChunksPerRow = Cfg::kD / kChunkElems;
+  constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
+  static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
+  const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
+  const uint32_t dst = ptx::smem_u32(tile + tile_offset<Cfg>(r0, chunk));
+  constexpr int kDstStep = kRowsPerPass * Cfg::kStride * Cfg::kElemBytes;  // bytes between passes
+  if (first_row + kRows <= n_rows) {  // the whole tile is inside the matrix: no row checks
+    const T* g = src + int64_t(first_row + r0) * Cfg::kD + chunk * kChunkElems;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass)
+      ptx::cp_async_16(dst + pass * kDstStep, g + pass * kRowsPerPass * Cfg::kD, true);
+  } else {  // the ragged last tile
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+      const int row = first_row + r0 + pass * kRowsPerPass;
+      const bool valid = row < n_rows;
+      ptx::cp_async_16(dst + pass * kDstStep, src + (valid ? int64_t(row) * Cfg::kD + chunk * kChunkElems : 0), valid);
+    }
+  }
+}
+
+// Per-warp register tiles: kM 16-row mma tiles of rows; S_ij has B_c / 8 key tiles, O_i d / 8.
+template <class Cfg>
+struct Frag {
+  static constexpr int kM = Cfg::kWarpRows / 16;
+  static constexpr int kS = Cfg::kBc / 8;
+  static constexpr int kO = Cfg::kD / 8;
+};
+
+// S_ij = Q_i K_j^T for this warp's rows (Algorithm 1, line 8), fp32 in C fragments.
+template <typename T, class Cfg>
+__device__ __forceinline__ void qk_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4], const T* sQ, const T* sK,
+                                        int warp, int lane) {
+  constexpr int D = Cfg::kD;
+  // A = Q_i rows: matrices (rows 0-7 | 8-15) x (chunk 2kk | 2kk+1) -> lane row l % 16, chunk l / 16.
+  const uint32_t q_base = lane_base<Cfg>(sQ, warp * Cfg::kWarpRows + lane % 16, lane / 16);
+  // B = K_j^T: K_j rows are B's columns, so no transpose. Matrices (keys 0-7, chunk 2kk),
+  // (keys 0-7, 2kk+1), (keys 8-15, 2kk), (keys 8-15, 2kk+1) -> key l % 8 + 8 (l / 16), chunk (l / 8) % 2.
+  const uint32_t k_base = lane_base<Cfg>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S_ij[mt][nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    // A = Q_i[16 rows, d 16kk..16kk+15], B = K_j^T[d 16kk..16kk+15, 16 keys]
+    uint32_t a[Frag<Cfg>::kM][4];
+#pragma unroll
+    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt) ptx::ldmatrix_x4(a[mt], frag_addr<Cfg>(q_base, mt * 16, kk));
+#pragma unroll
+    for (int np = 0; np < Cfg::kBc / 16; ++np) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4(b, frag_addr<Cfg>(k_base, np * 16, kk));
+#pragma unroll
+      for (int mt = 0; mt < Frag<Cfg>::kM; ++mt) {
+        ptx::mma_16816<T>(S_ij[mt][2 * np], a[mt], b[0], b[1]);
+        ptx::mma_16816<T>(S_ij[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Only for blocks that cross the causal diagonal or the ragged end of K: S = -inf where
+// key > last visible key of the row (bottom-right aligned: row r sees keys <= r + Nk - Nq).
+template <typename T, class Cfg>
+__device__ __forceinline__ void mask_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4], const Params<T>& p,
+                                          int warp_row0, int key0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row0 + mt * 16 + lane / 4 + 8 * half;
+      const int last_key = p.causal ? min(p.Nk - 1, row + (p.Nk - p.Nq)) : p.Nk - 1;
+#pragma unroll
+      for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (key0 + nt * 8 + 2 * (lane % 4) + e > last_key) S_ij[mt][nt][2 * half + e] = -INFINITY;
+    }
+}
+
+// Algorithm 1, lines 9-10: m_i^(j) = max(m_i^(j-1), rowmax(S_ij)), P_ij = exp(S_ij - m_i^(j)),
+// l_i^(j) = e^(m_i^(j-1) - m_i^(j)) l_i^(j-1) + rowsum(P_ij), O_i *= e^(m_i^(j-1) - m_i^(j)).
+// P_ij overwrites S_ij. Exponentials are exp2 with scale * log2(e) folded into one FFMA.
+// With kDelayedNorm, l_i is this thread's partial row sum (its 2 columns of each tile):
+// the 4 lanes of a row add theirs once, after the loop. Without it (the FA1-style
+// ablation), O_i and P_ij are divided by the full l_i at every step.
+template <typename T, class Cfg, bool kDelayedNorm, bool kMasked>
+__device__ __forceinline__ void online_softmax(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
+                                               float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
+                                               float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2],
+                                               float scale_log2) {
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float row_max = m_i[mt][half];
+#pragma unroll
+      for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+        row_max = fmaxf(row_max, fmaxf(S_ij[mt][nt][2 * half], S_ij[mt][nt][2 * half + 1]));
+      row_max = fmaxf(row_max, __shfl_xor_sync(kFullWarp, row_max, 1));  // the 4 lanes of a row
+      row_max = fmaxf(row_max, __shfl_xor_sync(kFullWarp, row_max, 2));
+      // In a masked block a row may have seen no key yet (m = -inf): subtract 0 so that P = 0,
+      // not NaN. In an unmasked block every row sees every key, so m is finite.
+      const float max_scaled = (kMasked && row_max == -INFINITY) ? 0.f : row_max * scale_log2;
+      const float alpha = ptx::exp2_approx(m_i[mt][half] * scale_log2 - max_scaled);  // e^(m_old - m_new); 0 if m_old = -inf
+      m_i[mt][half] = row_max;
+      float row_sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = ptx::exp2_approx(fmaf(S_ij[mt][nt][2 * half + e], scale_log2, -max_scaled));
+          S_ij[mt][nt][2 * half + e] = p;
+          row_sum += p;
+        }
+      float o_scale = alpha;
+      if constexpr (kDelayedNorm) {
+        l_i[mt][half] = alpha * l_i[mt][half] + row_sum;
+      } else {
+        row_sum += __shfl_xor_sync(kFullWarp, row_sum, 1);
+        row_sum += __shfl_xor_sync(kFullWarp, row_sum, 2);
+        const float l_new = alpha * l_i[mt][half] + row_sum;
+        const float inv_l = l_new > 0.f ? 1.f / l_new : 0.f;
+        o_scale = alpha * l_i[mt][half] * inv_l;  // O_i = diag(l_new)^-1 (diag(l_old) e^(m_old - m_new) O_i + P V)
+        l_i[mt][half] = l_new;
+#pragma unroll
+        for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) S_ij[mt][nt][2 * half + e] *= inv_l;
+      }
+#pragma unroll
+      for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= o_scale;
+    }
+}
+
+// P_ij (fp32, C fragments) -> bf16/fp16 A fragments of the PV product, one per 16-key step
+// (see the fragment map above): the S_ij registers die here, halving what PV keeps live.
+template <typename T, class Cfg>
+__device__ __forceinline__ void pack_p(uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kBc / 16][4],
+                                       const float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4]) {
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBc / 16; ++kk) {
+      P_ij[mt][kk][0] = ptx::pack2<T>(S_ij[mt][2 * kk][0], S_ij[mt][2 * kk][1]);
+      P_ij[mt][kk][1] = ptx::pack2<T>(S_ij[mt][2 * kk][2], S_ij[mt][2 * kk][3]);
+      P_ij[mt][kk][2] = ptx::pack2<T>(S_ij[mt][2 * kk + 1][0], S_ij[mt][2 * kk + 1][1]);
+      P_ij[mt][kk][3] = ptx::pack2<T>(S_ij[mt][2 * kk + 1][2], S_ij[mt][2 * kk + 1][3]);
+    }
+}
+
+// O_i += P_ij V_j (Algorithm 1, line 10), P_ij from registers.
+template <typename T, class Cfg>
+__device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
+                                        const uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kBc / 16][4], const T* sV,
+                                        int lane) {
+  constexpr int D = Cfg::kD;
+  // V_j rows are B's k index, so transpose on load. Matrices (keys 0-7, chunk 2dp),
+  // (keys 8-15, 2dp), (keys 0-7, 2dp+1), (keys 8-15, 2dp+1) -> key l % 16, chunk l / 16.
+  const uint32_t v_base = lane_base<Cfg>(sV, lane % 16, lane / 16);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBc / 16; ++kk)
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];  // B = V_j[keys 16kk.., d 16dp..]
+      ptx::ldmatrix_x4_trans(b, frag_addr<Cfg>(v_base, kk * 16, dp));
+#pragma unroll
+      for (int mt = 0; mt < Frag<Cfg>::kM; ++mt) {
+        ptx::mma_16816<T>(O_i[mt][2 * dp], P_ij[mt][kk], b[0], b[1]);
+        ptx::mma_16816<T>(O_i[mt][2 * dp + 1], P_ij[mt][kk], b[2], b[3]);
+      }
+    }
+}
+
+// Algorithm 1, lines 12-15: O_i = diag(l_i)^-1 O_i, L_i = m_i + log(l_i); write both.
+// O_i goes through this warp's own rows of sQ (no other warp reads them) so that global
+// stores are whole 16-byte chunks of a row.
+template <typename T, class Cfg, bool kDelayedNorm>
+__device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
+                                             const float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2],
+                                             T* sQ, const Params<T>& p, int bh, int row0, int warp, int lane) {
+  constexpr int D = Cfg::kD;
+  T* O = p.o + int64_t(bh) * p.Nq * D;  // this head's [Nq, D] output
+  float* L = p.lse ? p.lse + int64_t(bh) * p.Nq : nullptr;
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float l = l_i[mt][half];
+      if constexpr (kDelayedNorm) {
+        l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums of the row
+        l += __shfl_xor_sync(kFullWarp, l, 2);
+      }
+      const int row = row0 + warp * Cfg::kWarpRows + mt * 16 + lane / 4 + 8 * half;
+      if (L && lane % 4 == 0 && row < p.Nq) L[row] = l > 0.f ? m_i[mt][half] * p.scale + logf(l) : -INFINITY;
+      if constexpr (kDelayedNorm) {
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: O = 0
+#pragma unroll
+        for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= inv_l;
+      }
+    }
+  __syncwarp();  // every lane's last ldmatrix of its Q rows is done before they are overwritten
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int dt = 0; dt < Frag<Cfg>::kO; ++dt) {
+        const int r = warp * Cfg::kWarpRows + mt * 16 + lane / 4 + 8 * half;
+        *reinterpret_cast<uint32_t*>(sQ + tile_offset<Cfg>(r, dt) + 2 * (lane % 4)) =
+            ptx::pack2<T>(O_i[mt][dt][2 * half], O_i[mt][dt][2 * half + 1]);
+      }
+  __syncwarp();
+  constexpr int kChunksPerRow = D / kChunkElems;
+  constexpr int kRowsPerPass = 32 / kChunksPerRow;
+  const int chunk = lane % kChunksPerRow;
+#pragma unroll
+  for (int pass = 0; pass < Cfg::kWarpRows / kRowsPerPass; ++pass) {
+    const int r = warp * Cfg::kWarpRows + lane / kChunksPerRow + pass * kRowsPerPass;
+    if (row0 + r < p.Nq)
+      *reinterpret_cast<uint4*>(O + int64_t(row0 + r) * D + chunk * kChunkElems) =
+          *reinterpret_cast<const uint4*>(sQ + tile_offset<Cfg>(r, chunk));
+  }
+}
+
+template <typename T, class Cfg, bool kDelayedNorm>
+__global__ void __launch_bounds__(Cfg::kThreads) fa2_forward_kernel(const Params<T> p) {
+  constexpr int D = Cfg::kD, B_r = Cfg::kBr, B_c = Cfg::kBc, kStages = Cfg::kStages;
+  extern __shared__ __align__(16) unsigned char smem[];  // cp.async and ldmatrix move 16-byte chunks
+  constexpr int kTileQ = B_r * Cfg::kStride, kTileKV = B_c * Cfg::kStride;  // elements per padded tile
+  T* sQ = reinterpret_cast<T*>(smem);  // [B_r, kStride]
+  T* sK = sQ + kTileQ;                 // kStages x [B_c, kStride]
+  T* sV = sK + kStages * kTileKV;      // kStages x [B_c, kStride]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // blockIdx.x = (b * H + h) * T_r + q_block: the CTAs of one head are adjacent (K, V stay
+  // in L2); with causal masking the last Q blocks see the most keys, so they start first.
+  const int bh = blockIdx.x / p.T_r, q_block = blockIdx.x % p.T_r;
+  const int i = p.causal ? p.T_r - 1 - q_block : q_block;
+  const int b = bh / p.H, h = bh % p.H, h_kv = h / p.group;
+  const T* Q = p.q + int64_t(bh) * p.Nq * D;
+  const T* K = p.k + (int64_t(b) * p.Hkv + h_kv) * p.Nk * D;
+  const T* V = p.v + (int64_t(b) * p.Hkv + h_kv) * p.Nk * D;
+
+  // Which K/V blocks this Q block needs. Causal: row r sees keys <= r + (Nk - Nq), so the
+  // last row bounds the loop (later blocks are skipped) and the first row says which
+  // blocks are fully visible (no elementwise mask needed).
+  const int row0 = i * B_r;
+  const int last_row = min(row0 + B_r, p.Nq) - 1;
+  int keys = p.Nk;
+  int unmasked_blocks = p.Nk / B_c;  // blocks wholly inside [0, Nk)
+  if (p.causal) {
+    keys = max(0, min(p.Nk, last_row + (p.Nk - p.Nq) + 1));
+    unmasked_blocks = min(unmasked_blocks, max(0, row0 + (p.Nk - p.Nq) + 1) / B_c);
+  }
+  const int T_c = (keys + B_c - 1) / B_c;
+
+  float O_i[Frag<Cfg>::kM][Frag<Cfg>::kO][4];  // Algorithm 1, line 6: O_i = 0, l_i = 0, m_i = -inf
+  float m_i[Frag<Cfg>::kM][2], l_i[Frag<Cfg>::kM][2];  // rows g and g + 8 of each 16-row tile
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) O_i[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      m_i[mt][half] = -INFINITY;
+      l_i[mt][half] = 0.f;
+    }
+  }
+
+  // Two load schedules (kStages):
+  //  >= 2: a ring of (K, V) buffers; block j + kStages - 1 is loaded while block j computes.
+  //  == 1: FlashAttention-2's own: one K and one V buffer; V_j is loaded while S_ij = Q_i K_j^T
+  //        runs, K_{j+1} while the softmax and P_ij V_j run. Two barriers per block, but
+  //        half the shared memory, which can buy a second CTA per SM.
+  auto load_kv = [&](T* dst, const T* src, int block) { load_tile<Cfg, B_c>(dst, src, block * B_c, p.Nk); };
+  if (T_c > 0) {  // line 4: load Q_i; and the first blocks of K, V
+    load_tile<Cfg, B_r>(sQ, Q, row0, p.Nq);
+    if constexpr (kStages == 1) {
+      load_kv(sK, K, 0);
+      ptx::cp_async_commit();
+    } else {
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s) {
+        if (s < T_c) {
+          load_kv(sK + s * kTileKV, K, s);
+          load_kv(sV + s * kTileKV, V, s);
+        }
+        ptx::cp_async_commit();
+      }
+    }
+  }
+
+  for (int j = 0; j < T_c; ++j) {  // line 7: for j = 1 .. T_c
+    ptx::cp_async_wait<kStages == 1 ? 0 : kStages - 2>();
+    __syncthreads();  // K_j (and V_j) landed for every thread's copies; block j-1's buffers are free
+    if constexpr (kStages == 1) {
+      load_kv(sV, V, j);  // V_j, while S_ij is computed
+    } else {
+      const int next = j + kStages - 1;
+      if (next < T_c) {  // K, V of block next, while block j computes
+        load_kv(sK + (next % kStages) * kTileKV, K, next);
+        load_kv(sV + (next % kStages) * kTileKV, V, next);
+      }
+    }
+    ptx::cp_async_commit();
+    const T* K_j = sK + (j % kStages) * kTileKV;
+    const T* V_j = sV + (j % kStages) * kTileKV;
+
+    float S_ij[Frag<Cfg>::kM][Frag<Cfg>::kS][4];
+    qk_tile<T, Cfg>(S_ij, sQ, K_j, warp, lane);  // line 8: S_ij = Q_i K_j^T
+    if constexpr (kStages == 1) {
+      ptx::cp_async_wait<0>();
+      __syncthreads();  // V_j landed; every warp is done reading K_j
+      if (j + 1 < T_c) load_kv(sK, K, j + 1);  // K_{j+1}, while the softmax and P_ij V_j run
+      ptx::cp_async_commit();
+    }
+    if (j < unmasked_blocks) {
+      online_softmax<T, Cfg, kDelayedNorm, false>(S_ij, O_i, m_i, l_i, p.scale_log2);  // lines 9-10
+    } else {  // block crosses the causal diagonal or the end of K
+      mask_tile<T, Cfg>(S_ij, p, row0 + warp * Cfg::kWarpRows, j * B_c, lane);
+      online_softmax<T, Cfg, kDelayedNorm, true>(S_ij, O_i, m_i, l_i, p.scale_log2);
+    }
+    uint32_t P_ij[Frag<Cfg>::kM][B_c / 16][4];
+    pack_p<T, Cfg>(P_ij, S_ij);
+    pv_tile<T, Cfg>(O_i, P_ij, V_j, lane);  // line 10: O_i += P_ij V_j
+  }
+
+  write_output<T, Cfg, kDelayedNorm>(O_i, m_i, l_i, sQ, p, bh, row0, warp, lane);  // lines 12-15
+}
+
+template <typename T, class Cfg, bool kDelayedNorm>
+void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      throw AttnError("05_fa2_reordered: Q, K, V and O must be 16-byte aligned (cp.async copies 16-byte chunks)");
+  Params<T> prm;
+  prm.q = static_cast<const T*>(t.q);
+  prm.k = static_cast<const T*>(t.k);
+  prm.v = static_cast<const T*>(t.v);
+  prm.o = static_cast<T*>(t.o);
+  prm.lse = t.lse;
+  prm.H = p.H;
+  prm.Hkv = p.Hkv;
+  prm.group = p.group();
+  prm.Nq = p.Nq;
+  prm.Nk = p.Nk;
+  prm.T_r = static_cast<int>((int64_t(p.Nq) + Cfg::kBr - 1) / Cfg::kBr);
+  prm.causal = p.causal;
+  prm.scale = p.softmax_scale();
+  prm.scale_log2 = prm.scale * static_cast<float>(M_LOG2E);
+
+  int device = 0, smem_optin = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (Cfg::kSmemBytes > smem_optin)
+    throw AttnError("05_fa2_reordered: the d = " + std::to_string(Cfg::kD) + " tile needs " +
+                    std::to_string(Cfg::kSmemBytes) + " bytes of shared memory per block; this GPU allows " +
+                    std::to_string(smem_optin));
+
+  const int64_t ctas = int64_t(p.B) * p.H * prm.T_r;  // Stage::refuse keeps this <= INT_MAX
+  auto kernel = fa2_forward_kernel<T, Cfg, kDelayedNorm>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn::fa2

@@ -1,0 +1,186 @@
+"""Run any rung of the attention ladder on PyTorch tensors.
+
+A thin ctypes wrapper over the C API of libattn_ladder.so (common/c_api.h); nothing to
+build beyond the library itself:
+
+    import torch, attn_ladder
+    print(attn_ladder.rungs())                      # ['01_naive', ..., '06_fa3_hopper']
+    q = torch.randn(1, 16, 4096, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    o = attn_ladder.run("05_fa2_reordered", q, k, v, causal=True)
+    o, lse = attn_ladder.run("05_fa2_reordered", q, k, v, return_lse=True)
+
+The library is found through $ATTN_LADDER_LIB, else <repo>/build/libattn_ladder.so
+(what `cmake --preset default && cmake --build --preset default` builds).
+
+Layout is PyTorch SDPA's: [B, H, N, d], contiguous. K and V may have fewer heads than Q
+(grouped-query attention: query head h reads key/value head h // (H // Hkv)). Causal
+masking is aligned to the bottom-right corner: query row i sees key j iff
+j <= i + (Nk - Nq); a row that sees no key gets O = 0 and logsumexp = -inf.
+"""
+
+import ctypes
+import os
+import pathlib
+
+import torch
+
+__all__ = ["AttnLadderError", "library_path", "rungs", "run"]
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+_DEFAULT_LIB = _REPO / "build" / "libattn_ladder.so"
+
+# attn_problem_t.dtype codes (common/c_api.h). FP8 inputs have no torch entry point here.
+_DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
+
+# attn_run return codes (common/c_api.h).
+_OK, _INVALID_INPUT, _CUDA_ERROR, _UNKNOWN_RUNG = 0, 1, 2, 3
+_CODE_NAMES = {_INVALID_INPUT: "invalid input", _CUDA_ERROR: "CUDA error", _UNKNOWN_RUNG: "unknown rung"}
+
+_ERR_LEN = 2048  # bytes of the error message buffer handed to attn_run
+_INT32_MAX = 2**31 - 1  # the C API takes sizes as int
+
+
+class AttnLadderError(RuntimeError):
+    """A nonzero return of attn_run; `code` is 1 invalid input, 2 CUDA error, 3 unknown rung."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class _Problem(ctypes.Structure):
+    """attn_problem_t, field for field."""
+
+    _fields_ = [
+        ("B", ctypes.c_int),
+        ("H", ctypes.c_int),
+        ("Hkv", ctypes.c_int),
+        ("Nq", ctypes.c_int),
+        ("Nk", ctypes.c_int),
+        ("d", ctypes.c_int),
+        ("causal", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("scale", ctypes.c_float),  # 0 = 1/sqrt(d)
+    ]
+
+
+_lib = None
+
+
+def library_path():
+    """Where the shared library is looked for: $ATTN_LADDER_LIB, else <repo>/build/."""
+    return pathlib.Path(os.environ.get("ATTN_LADDER_LIB") or _DEFAULT_LIB)
+
+
+def _load():
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = library_path()
+    if not path.is_file():
+        raise OSError(
+            f"attn_ladder library not found at {path}: build it with "
+            "`cmake --preset default && cmake --build --preset default` in the repository, "
+            "or point $ATTN_LADDER_LIB at libattn_ladder.so"
+        )
+    lib = ctypes.CDLL(str(path))
+    lib.attn_num_rungs.argtypes = []
+    lib.attn_num_rungs.restype = ctypes.c_int
+    lib.attn_rung_name.argtypes = [ctypes.c_int]
+    lib.attn_rung_name.restype = ctypes.c_char_p
+    lib.attn_run.argtypes = [
+        ctypes.c_char_p,  # rung
+        ctypes.POINTER(_Problem),
+        ctypes.c_void_p,  # q
+        ctypes.c_void_p,  # k
+        ctypes.c_void_p,  # v
+        ctypes.c_void_p,  # o
+        ctypes.c_void_p,  # lse (float*, may be null)
+        ctypes.c_void_p,  # cudaStream_t
+        ctypes.c_char_p,  # err
+        ctypes.c_size_t,  # err_len
+    ]
+    lib.attn_run.restype = ctypes.c_int
+    _lib = lib
+    return lib
+
+
+def rungs():
+    """The registered rung names, in ladder order."""
+    lib = _load()
+    return [lib.attn_rung_name(i).decode() for i in range(lib.attn_num_rungs())]
+
+
+def _check_inputs(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, H, N, d], got shape {tuple(t.shape)}")
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        if t.dtype not in _DTYPE_CODES:
+            raise ValueError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [B, H, N, d] (call .contiguous())")
+        if any(s > _INT32_MAX for s in t.shape):
+            raise ValueError(f"{name} has a dimension above 2^31 - 1: {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    B, H, _, d = q.shape
+    Bk, Hkv, _, dk = k.shape
+    if Bk != B:
+        raise ValueError(f"batch sizes differ: q has B={B}, k/v have B={Bk}")
+    if dk != d:
+        raise ValueError(f"head dims differ: q has d={d}, k/v have d={dk}")
+    if Hkv < 1 or H % Hkv != 0:
+        raise ValueError(f"k/v heads (Hkv={Hkv}) must divide q heads (H={H})")
+
+
+def run(rung, q, k, v, causal=False, scale=None, return_lse=False):
+    """O = softmax(scale * Q K^T + mask) V by the named rung; returns O (and lse if asked).
+
+    q: [B, H, Nq, d]; k, v: [B, Hkv, Nk, d]; bf16 or fp16, contiguous, one CUDA device.
+    scale: softmax scale, default 1/sqrt(d). return_lse: also return the natural-log
+    logsumexp per query row, fp32 [B, H, Nq] (left NaN by a rung that does not write it).
+    Runs on torch.cuda.current_stream(). Raises ValueError for bad tensors and
+    AttnLadderError (a RuntimeError) with the library's message when the rung refuses
+    the problem or CUDA fails.
+    """
+    if not isinstance(rung, str):
+        raise ValueError(f"rung must be a name (str), got {type(rung).__name__}")
+    _check_inputs(q, k, v)
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale must be positive (None means 1/sqrt(d)), got {scale}")
+    lib = _load()
+
+    B, H, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), _DTYPE_CODES[q.dtype], float(scale or 0.0))
+    o = torch.empty_like(q)
+    lse = torch.full((B, H, Nq), float("nan"), dtype=torch.float32, device=q.device) if return_lse else None
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    with torch.cuda.device(q.device):  # the library runs on the current CUDA device
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        rc = lib.attn_run(
+            rung.encode(),
+            ctypes.byref(problem),
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            o.data_ptr(),
+            lse.data_ptr() if lse is not None else None,
+            stream,
+            err,
+            _ERR_LEN,
+        )
+    if rc != _OK:
+        what = _CODE_NAMES.get(rc, f"code {rc}")
+        msg = err.value.decode(errors="replace") or "(no message)"
+        raise AttnLadderError(rc, f"attn_run('{rung}') failed ({what}): {msg}")
+    return (o, lse) if return_lse else o

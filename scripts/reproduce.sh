@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Run the ladder: build, optionally test, bench every rung on the paper sweep, time the
+# PyTorch peers on the same problems, plot, and rewrite the README's results block.
+#
+#   scripts/reproduce.sh [--out DIR] [--tests] [--quick]
+#
+#   --out DIR  where the CSVs, logs and PNGs go (default results/<gpu>, the GPU's name
+#              lowercased, other characters '_', e.g. results/nvidia_h100_80gb_hbm3)
+#   --tests    first run ctest (CPU and GPU tests) and compute-sanitizer memcheck on
+#              build/tests/gpu_tests --gtest_filter=$SANITIZE_FILTER (default '*Sanitize*')
+#   --quick    d = 128 and N in {1024, 4096} only, instead of the whole paper sweep
+#
+# Needs an NVIDIA GPU (the reference numbers are from an H100/H200), CMake >= 3.25,
+# Ninja and CUDA 13; python3 with torch for the peers and matplotlib for the plots (each
+# skipped with a message when missing).
+set -euo pipefail
+
+die() { echo "reproduce.sh: $*" >&2; exit 1; }
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+out_dir=""
+run_tests=0
+quick=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --out) [[ $# -ge 2 ]] || die "--out needs a folder"; out_dir=$2; shift 2 ;;
+    --tests) run_tests=1; shift ;;
+    --quick) quick=1; shift ;;
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+command -v nvidia-smi >/dev/null || die "no GPU: nvidia-smi is not installed. The ladder runs on an NVIDIA GPU (H100/H200 for the reference numbers)."
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -n 1) || die "no GPU: nvidia-smi fails: $gpu"
+[[ -n $gpu ]] || die "no GPU: nvidia-smi lists none"
+gpu_dir=$(echo "$gpu" | tr '[:upper:]' '[:lower:]' | sed 's/[^a-z0-9]/_/g')  # the bench's gpu column
+out_dir=${out_dir:-results/$gpu_dir}
+mkdir -p "$out_dir"
+log "GPU: $gpu; results in $out_dir"
+
+sweep=(--paper-sweep)
+if [[ $quick -eq 1 ]]; then
+  sweep+=(--d 128 --n "1024,4096")
+fi
+
+log "build (cmake --preset default, cmake --build --preset default)"
+[[ -f build/build.ninja ]] || cmake --preset default
+cmake --build --preset default
+
+if [[ $run_tests -eq 1 ]]; then
+  log "tests: ctest (log $out_dir/ctest.log)"
+  ctest --preset default 2>&1 | tee "$out_dir/ctest.log"
+  filter=${SANITIZE_FILTER:-*Sanitize*}
+  log "tests: compute-sanitizer memcheck, gpu_tests --gtest_filter=$filter (log $out_dir/memcheck.log)"
+  compute-sanitizer --tool memcheck --error-exitcode 1 build/tests/gpu_tests --gtest_filter="$filter" 2>&1 |
+    tee "$out_dir/memcheck.log"
+fi
+
+for csv in ladder peers; do  # a fresh sweep: keep the previous CSVs aside rather than append to them
+  if [[ -f $out_dir/$csv.csv ]]; then
+    mv "$out_dir/$csv.csv" "$out_dir/$csv.csv.prev"
+    log "moved the previous $csv.csv to $csv.csv.prev"
+  fi
+done
+
+log "bench: attn_bench ${sweep[*]} --check --measure-bytes (log $out_dir/bench.log)"
+build/bench/attn_bench "${sweep[@]}" --check --measure-bytes --csv "$out_dir/ladder.csv" 2>&1 | tee "$out_dir/bench.log"
+
+csvs=("$out_dir/ladder.csv")
+if python3 -c 'import torch' 2>/dev/null; then
+  log "peers: PyTorch SDPA backends on the same sweep (log $out_dir/peers.log)"
+  python3 scripts/peers.py "${sweep[@]}" --csv "$out_dir/peers.csv" 2>&1 | tee "$out_dir/peers.log"
+  csvs+=("$out_dir/peers.csv")
+else
+  log "peers: skipped, python3 cannot import torch"
+fi
+
+if python3 -c 'import matplotlib' 2>/dev/null; then
+  log "plots into $out_dir, results block of README.md"
+  python3 scripts/plot.py "${csvs[@]}" --out "$out_dir" --readme README.md
+else
+  log "plots: skipped, python3 cannot import matplotlib"
+fi
+log "done: $out_dir"

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""CPU test of scripts/plot.py on the committed sample CSV (results/sample/ladder_sample.csv).
+
+Checks: the four PNGs exist and are non-empty; the README rewrite replaces only the text
+between the markers, links the images relative to the README, and is idempotent; a
+header-only CSV and a README without markers behave (plots with "no data", a clear exit).
+
+Plain script, no pytest: exit 0 = pass, 1 = failure, 77 = skipped (reason printed).
+"""
+
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PLOT = REPO / "scripts" / "plot.py"
+SAMPLE = REPO / "results" / "sample" / "ladder_sample.csv"
+PNGS = ["tflops_vs_n.png", "ladder_n4096_d128.png", "hbm_bytes_vs_n.png", "roofline.png"]
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+README = f"# Title\n\nintro text\n\n{BEGIN}\nstale table\n{END}\n\nclosing text\n"
+
+try:
+    import matplotlib  # noqa: F401
+except ImportError as e:
+    print(f"SKIP: matplotlib is not installed ({e})")
+    sys.exit(SKIP)
+
+failures = []
+
+
+def check(ok, what):
+    print(f"  {'ok  ' if ok else 'FAIL'} {what}")
+    if not ok:
+        failures.append(what)
+
+
+def plot(*args):
+    return subprocess.run([sys.executable, str(PLOT), *map(str, args)], capture_output=True, text=True)
+
+
+def check_pngs(out_dir, label):
+    for name in PNGS:
+        path = out_dir / name
+        check(path.is_file() and path.stat().st_size > 0, f"{label}: {name} written and non-empty")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+
+        print("sample CSV:")
+        readme = tmp / "README.md"
+        readme.write_text(README)
+        out = tmp / "results" / "sample"
+        run = plot(SAMPLE, "--out", out, "--readme", readme)
+        check(run.returncode == 0, f"plot.py exits 0 (stderr: {run.stderr.strip()[-500:]})")
+        check_pngs(out, "sample")
+        text = readme.read_text()
+        check(text.startswith("# Title\n\nintro text\n\n" + BEGIN), "text before the block kept")
+        check(text.endswith(END + "\n\nclosing text\n"), "text after the block kept")
+        check("stale table" not in text, "old block replaced")
+        check("| rung |" in text and "| 05_fa2_reordered |" in text, "TFLOPS table written")
+        check("SAMPLE DATA" in text, "sample data labelled as such")
+        for name in PNGS:
+            check(f"(results/sample/{name})" in text, f"README links {name} relative to itself")
+        run = plot(SAMPLE, "--out", out, "--readme", readme)
+        check(run.returncode == 0 and readme.read_text() == text, "rewrite is idempotent")
+
+        print("header-only CSV:")
+        empty = tmp / "empty.csv"
+        empty.write_text(SAMPLE.read_text().splitlines()[0] + "\n")
+        readme.write_text(README)
+        run = plot(empty, "--out", tmp / "empty", "--readme", readme)
+        check(run.returncode == 0, f"no rows: plot.py exits 0 (stderr: {run.stderr.strip()[-500:]})")
+        check_pngs(tmp / "empty", "no rows")
+
+        print("README without markers:")
+        bare = tmp / "bare.md"
+        bare.write_text("# no markers here\n")
+        run = plot(SAMPLE, "--out", tmp / "bare", "--readme", bare)
+        check(run.returncode != 0 and "results:begin" in run.stderr, "refused with a message naming the markers")
+        check(bare.read_text() == "# no markers here\n", "file left untouched")
+
+    if failures:
+        print(f"\n{len(failures)} failure(s)")
+        return 1
+    print("\nall passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
