@@ -6,8 +6,9 @@
 #
 #   --out DIR  where the CSVs, logs and PNGs go (default results/<gpu>, the GPU's name
 #              lowercased, other characters '_', e.g. results/nvidia_h100_80gb_hbm3)
-#   --tests    first run ctest (CPU and GPU tests) and compute-sanitizer memcheck on
-#              build/tests/gpu_tests --gtest_filter=$SANITIZE_FILTER (default '*Sanitize*')
+#   --tests    first run the CPU, GPU and Python tests, and compute-sanitizer memcheck,
+#              racecheck and synccheck on build/tests/gpu_tests --gtest_filter=$SANITIZE_FILTER
+#              (default '*Sanitize*': small shapes of every rung); TESTS_ONLY=1 stops there
 #   --quick    d = 128 and N in {1024, 4096} only, instead of the whole paper sweep
 #
 # Needs an NVIDIA GPU (the reference numbers are from an H100/H200), CMake >= 3.25,
@@ -52,12 +53,21 @@ log "build (cmake --preset default, cmake --build --preset default)"
 cmake --build --preset default
 
 if [[ $run_tests -eq 1 ]]; then
-  log "tests: ctest (log $out_dir/ctest.log)"
-  ctest --preset default 2>&1 | tee "$out_dir/ctest.log"
+  # The GPU tests in one process (ctest would start one per test case); then the Python
+  # wrapper; then the sanitizers on the small shapes of every rung.
+  log "tests: cpu_tests, gpu_tests (log $out_dir/tests.log)"
+  status=0
+  { build/tests/cpu_tests --gtest_brief=1 && build/tests/gpu_tests --gtest_brief=1; } 2>&1 | tee "$out_dir/tests.log" || status=1
+  ATTN_LADDER_LIB=build/libattn_ladder.so python3 tests/python/test_attn_ladder.py 2>&1 | tee -a "$out_dir/tests.log" || status=1
   filter=${SANITIZE_FILTER:-*Sanitize*}
-  log "tests: compute-sanitizer memcheck, gpu_tests --gtest_filter=$filter (log $out_dir/memcheck.log)"
-  compute-sanitizer --tool memcheck --error-exitcode 1 build/tests/gpu_tests --gtest_filter="$filter" 2>&1 |
-    tee "$out_dir/memcheck.log"
+  for tool in memcheck racecheck synccheck; do
+    log "tests: compute-sanitizer --tool $tool, gpu_tests --gtest_filter=$filter (log $out_dir/sanitize_$tool.log)"
+    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 build/tests/gpu_tests --gtest_brief=1 --gtest_filter="$filter" \
+      > "$out_dir/sanitize_$tool.log" 2>&1 || status=1
+    tail -n 4 "$out_dir/sanitize_$tool.log"
+  done
+  [[ $status -eq 0 ]] || log "tests: FAILURES above (logs in $out_dir)"
+  [[ ${TESTS_ONLY:-0} -eq 1 ]] && exit $status
 fi
 
 for csv in ladder peers; do  # a fresh sweep: keep the previous CSVs aside rather than append to them
@@ -68,7 +78,8 @@ for csv in ladder peers; do  # a fresh sweep: keep the previous CSVs aside rathe
 done
 
 log "bench: attn_bench ${sweep[*]} --check --measure-bytes (log $out_dir/bench.log)"
-build/bench/attn_bench "${sweep[@]}" --check --measure-bytes --csv "$out_dir/ladder.csv" 2>&1 | tee "$out_dir/bench.log"
+build/bench/attn_bench "${sweep[@]}" --check --measure-bytes --csv "$out_dir/ladder.csv" 2>&1 | tee "$out_dir/bench.log" ||
+  log "bench: some rows FAILED their accuracy bounds (see the table above); going on to the peers and plots"
 
 csvs=("$out_dir/ladder.csv")
 if python3 -c 'import torch' 2>/dev/null; then
