@@ -59,7 +59,7 @@ double fa1_bytes(const AttnProblem& p, int Br, int Bc) {
     }
   double kv = 2.0 * e(p) * p.Nk * p.d;                            // K_j, V_j once
   double init = p.Nq * (4.0 * p.d + 2 * 4);                       // O = 0, l = 0, m = -inf
-  double finish = p.Nq * (4.0 * p.d /* read O */ + 4 /* l */ + e(p) * p.d /* write O */);
+  double finish = p.Nq * (4.0 * p.d /* read O */ + 8 /* m, l */ + 4 /* lse */ + e(p) * p.d /* write O */);
   return heads(p) * (inner * per_row_step + kv + init + finish);
 }
 

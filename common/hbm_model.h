@@ -41,7 +41,8 @@ double fused_rowwise_bytes(const AttnProblem& p);
 // 04: FlashAttention-1 Algorithm 1. Outer loop over K/V blocks of Bc rows (K_j, V_j read
 // once); inner loop over Q blocks of Br rows: for every visible (i, j) block pair, read Q_i,
 // read and write O_i (fp32 accumulator) and l_i, m_i (fp32); then one pass converts O to the
-// output dtype. Initialisation writes O = 0, l = 0, m = -inf once.
+// output dtype (reading m and l, writing the logsumexp). Initialisation writes O = 0,
+// l = 0, m = -inf once.
 double fa1_bytes(const AttnProblem& p, int Br, int Bc);
 
 // 05, 06: FlashAttention-2 order. Per Q block of Br rows: read Q_i once, read the visible

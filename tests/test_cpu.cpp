@@ -198,7 +198,7 @@ TEST(HbmModel, Fa1GrowsAsNSquaredD2OverM) {
   // Exact value for one K/V block and one Q block.
   AttnProblem q = tiny(16, 16, 8);
   double inner = 16 * (2.0 * 8 + 2 * 4 * 8 + 16);
-  double expect = inner + 2 * 2 * 16 * 8 + 16 * (4 * 8 + 8) + 16 * (4 * 8 + 4 + 2 * 8);
+  double expect = inner + 2 * 2 * 16 * 8 + 16 * (4 * 8 + 8) + 16 * (4 * 8 + 8 + 4 + 2 * 8);
   EXPECT_EQ(hbm::fa1_bytes(q, 16, 16), expect);
 }
 
