@@ -1,5 +1,73 @@
+// Registers rung 06's four steps. The kernels live in fa3_kernel.cuh, instantiated once per
+// (step, head dim, dtype) by the generated fa3_<step>_d<d>_<dtype>.cu files.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+
 #include "06_fa3_hopper/fa3.h"
+#include "06_fa3_hopper/fa3_launch.h"
+#include "common/hbm_model.h"
 
 namespace attn {
-std::vector<Stage> fa3_stages() { return {}; }
+namespace {
+
+using fa3::Variant;
+using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, cudaStream_t);
+
+template <Variant V, int D>
+LaunchFn for_dtype(DType t) {
+  return t == DType::bf16 ? fa3::launch<V, D, __nv_bfloat16> : fa3::launch<V, D, __half>;
 }
+
+// run_stage() validated d and dtype against the Stage's lists before this is reached.
+template <Variant V>
+LaunchFn kernel_for(const AttnProblem& p) {
+  switch (p.d) {
+    case 64: return for_dtype<V, 64>(p.dtype);
+    case 128: return for_dtype<V, 128>(p.dtype);
+    default: return for_dtype<V, 256>(p.dtype);
+  }
+}
+
+template <Variant V>
+Stage make_stage(std::string name, std::string prev, std::string summary) {
+  Stage s;
+  s.name = std::move(name);
+  s.prev = std::move(prev);
+  s.summary = std::move(summary);
+  s.min_sm = 90;  // TMA, wgmma and setmaxnreg (built for sm_90a)
+  s.dtypes = {DType::bf16, DType::fp16};
+  s.head_dims = {64, 128, 256};  // keep in step with fa3_head_dims in CMakeLists.txt
+  s.gqa = true;
+  s.writes_lse = true;
+  s.compute_bound = true;
+  s.refuse = [](const AttnProblem& p) -> std::string {
+    const long long rows = fa3::block_rows(V, p.d);
+    const long long ctas = (p.Nq + rows - 1) / rows * p.B * p.H;
+    if (ctas > INT_MAX) return "needs " + std::to_string(ctas) + " CTAs; the 1-D grid holds at most 2^31 - 1";
+    return "";
+  };
+  s.launch = [](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) { kernel_for<V>(p)(p, t, stream); };
+  s.model_hbm_bytes = [](const AttnProblem& p) {
+    return hbm::fa2_bytes(p, fa3::block_rows(V, p.d), fa3::block_cols(V, p.d));
+  };
+  return s;
+}
+
+}  // namespace
+
+std::vector<Stage> fa3_stages() {
+  return {
+      make_stage<Variant::tma_wgmma>("06a_tma_wgmma", "05_fa2_reordered",
+                                     "TMA loads on mbarriers, wgmma SS (QK^T) and RS (PV); one warpgroup"),
+      make_stage<Variant::warp_specialized>("06b_warp_specialized", "06a_tma_wgmma",
+                                            "producer warpgroup + K/V ring; two consumer warpgroups (setmaxnreg)"),
+      make_stage<Variant::pingpong>("06c_pingpong", "06b_warp_specialized",
+                                    "named barriers: one consumer's softmax under the other's GEMMs"),
+      make_stage<Variant::fa3>("06d_fa3", "06c_pingpong",
+                               "intra-warpgroup overlap: next QK^T and this PV under the softmax"),
+  };
+}
+
+}  // namespace attn

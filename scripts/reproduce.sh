@@ -60,7 +60,7 @@ if [[ $run_tests -eq 1 ]]; then
   { build/tests/cpu_tests --gtest_brief=1 && build/tests/gpu_tests --gtest_brief=1; } 2>&1 | tee "$out_dir/tests.log" || status=1
   ATTN_LADDER_LIB=build/libattn_ladder.so python3 tests/python/test_attn_ladder.py 2>&1 | tee -a "$out_dir/tests.log" || status=1
   filter=${SANITIZE_FILTER:-*Sanitize*}
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     log "tests: compute-sanitizer --tool $tool, gpu_tests --gtest_filter=$filter (log $out_dir/sanitize_$tool.log)"
     timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 build/tests/gpu_tests --gtest_brief=1 --gtest_filter="$filter" \
       > "$out_dir/sanitize_$tool.log" 2>&1 || status=1
