@@ -1,0 +1,523 @@
+// FlashAttention-3 forward (Shah et al. 2024) for sm_90a, as one kernel template whose
+// compile-time switches (fa3_launch.h: Variant) add the paper's ideas one at a time:
+//
+//   06a tma_wgmma         one warpgroup: TMA loads Q, K_j, V_j onto mbarriers; S = Q K_jᵀ by
+//                         wgmma SS; softmax in registers; O += P V_j by wgmma RS. Synchronous.
+//   06b warp_specialized  + a producer warpgroup (few registers) streams K_j, V_j through an
+//                         s-stage ring (full/empty mbarriers); two consumer warpgroups
+//                         (many registers) compute 64 query rows each.
+//   06c pingpong          + named barriers take turns: one consumer's S GEMM is issued
+//                         while the other runs its softmax.
+//   06d fa3               + intra-warpgroup overlap: S_(j+1) = Q K_(j+1)ᵀ and O += P_j V_j
+//                         are both in flight while the softmax of S_(j+1) runs.
+//
+// Included only by the generated instance TUs (fa3_<variant>.cu.in).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cmath>
+#include <type_traits>
+
+#include "06_fa3_hopper/fa3_launch.h"
+#include "06_fa3_hopper/hopper.cuh"
+#include "common/check.h"
+
+namespace attn::fa3 {
+
+using namespace attn::hopper;
+
+template <Variant V, int D, typename T>
+struct Config {
+  static constexpr bool kWarpSpecialized = warp_specialized(V);
+  // Ping-pong in 06c; 06d keeps it where the softmax is a large share of the work (d <= 128):
+  // at d = 256 the P V GEMM dominates and forced turns only add waiting (as FA3 does).
+  static constexpr bool kPingpong = V == Variant::pingpong || (V == Variant::fa3 && D <= 128);
+  static constexpr bool kIntraOverlap = V == Variant::fa3;
+
+  static constexpr int kWgThreads = 128;                                      // threads per warpgroup
+  static constexpr int kConsumers = consumer_warpgroups(V, D);                // consumer warpgroups
+  static constexpr int kThreads = kWgThreads * (kConsumers + (kWarpSpecialized ? 1 : 0));
+  static constexpr int B_r = block_rows(V, D);  // query rows per CTA
+  static constexpr int B_c = block_cols(V, D);  // keys per K/V block
+  static constexpr int kStages = kWarpSpecialized ? 2 : 1;  // K/V ring depth: deeper hides more load latency, costs smem
+
+  // Shared-memory tiles are d/64 column chunks of [rows][64]: 128-byte rows, swizzled.
+  static constexpr int kChunkCols = 64;
+  static constexpr int kChunks = D / kChunkCols;
+  static constexpr int kSwizzleRowBytes = kChunkCols * int(sizeof(T));  // 128
+  static constexpr int kAtomBytes = 8 * kSwizzleRowBytes;                // 8-row swizzle atom: 1024
+  static constexpr int kK = 16;                                          // wgmma K per instruction
+
+  static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D * sizeof(T);
+  static constexpr uint32_t kKVBytes = uint32_t(B_c) * D * sizeof(T);
+
+  // setmaxnreg budgets (64K registers / CTA): 128 x 24 + 256 x 240 (or 384 x 160) <= 65536.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  static constexpr int kWarpsPerWg = kWgThreads / 32;
+  // Named barriers of the ping-pong, one per consumer warpgroup (0 is __syncthreads).
+  static constexpr int kTurnBarrier = 1;
+
+  static_assert(D % kChunkCols == 0 && B_c % kK == 0, "tiles are whole 128-byte chunks and wgmma K steps");
+  static_assert(B_c * kSwizzleRowBytes % kAtomBytes == 0, "every chunk starts on a 1024-byte swizzle atom");
+  static_assert(!kWarpSpecialized || kWgThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536,
+                "register budgets exceed the register file");
+  static_assert(!kPingpong || kConsumers >= 2, "the ping-pong needs two or more consumer warpgroups");
+};
+
+template <class Cfg, typename T, int D>
+struct alignas(1024) SharedStorage {  // 128-byte swizzle atoms need 1024-byte alignment
+  T q[Cfg::kConsumers][kWarpgroupRows * D];  // Q_i, one 64-row block per consumer warpgroup
+  T k[Cfg::kStages][Cfg::B_c * D];           // K_j ring
+  T v[Cfg::kStages][Cfg::B_c * D];           // V_j ring
+  uint64_t q_full;
+  uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
+  uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
+};
+
+template <typename T>
+struct Params {
+  CUtensorMap q_map, k_map, v_map;  // [B*H, Nq, d] and [B*Hkv, Nk, d], 128B-swizzled boxes
+  T* o;
+  float* lse;  // may be null
+  int Nq, Nk, H, Hkv, group, m_blocks;
+  float scale, scale_log2;  // softmax scale, and scale * log2(e) for exp2
+  bool causal;
+};
+
+// The CTA's work: query rows [row0, row0 + B_r) of head bh, against n_blocks K/V blocks.
+struct Tile {
+  int bh;        // b * H + h
+  int kv_head;   // b * Hkv + h / group
+  int row0;      // first query row
+  int n_blocks;  // K/V blocks left of the causal diagonal (all of them without causal)
+};
+
+template <class Cfg, typename T>
+__device__ Tile make_tile(const Params<T>& p) {
+  Tile t;
+  const int m_block = p.m_blocks - 1 - int(blockIdx.x % p.m_blocks);  // causal: longest rows first
+  t.bh = int(blockIdx.x / p.m_blocks);
+  t.kv_head = (t.bh / p.H) * p.Hkv + (t.bh % p.H) / p.group;
+  t.row0 = m_block * Cfg::B_r;
+  t.n_blocks = (p.Nk + Cfg::B_c - 1) / Cfg::B_c;
+  if (p.causal) {  // keys [0, visible) are seen by the block's last real row
+    const int visible = min(t.row0 + Cfg::B_r, p.Nq) + (p.Nk - p.Nq);
+    t.n_blocks = visible <= 0 ? 0 : min(t.n_blocks, (visible + Cfg::B_c - 1) / Cfg::B_c);
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------
+// Loads (the producer's side): TMA copies that complete on the stage's "full" barrier.
+// ---------------------------------------------------------------------------------------
+
+template <class Cfg, typename T, class Smem>
+__device__ void load_q(Smem& s, const Params<T>& p, const Tile& t) {
+  mbarrier_arrive_expect_tx(&s.q_full, Cfg::kQBytes);
+  for (int w = 0; w < Cfg::kConsumers; ++w)
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_3d(&s.q[w][c * kWarpgroupRows * Cfg::kChunkCols], &p.q_map, c * Cfg::kChunkCols,
+                  t.row0 + w * kWarpgroupRows, t.bh, &s.q_full);
+}
+
+// One B_c x d block (K_j or V_j) into `tile`, completing on `full`.
+template <class Cfg>
+__device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, uint64_t* full) {
+  mbarrier_arrive_expect_tx(full, Cfg::kKVBytes);
+  for (int c = 0; c < Cfg::kChunks; ++c)
+    tma_load_3d(static_cast<char*>(tile) + c * Cfg::B_c * Cfg::kSwizzleRowBytes, map, c * Cfg::kChunkCols,
+                j * Cfg::B_c, kv_head, full);
+}
+
+// 06b-d producer (one thread): Q_i once, then K_j and V_j into the ring, each stage reused
+// once every consumer warp released it ("empty" barrier).
+template <class Cfg, typename T, class Smem>
+__device__ void produce(Smem& s, const Params<T>& p, const Tile& t) {
+  load_q<Cfg>(s, p, t);
+  for (int j = 0; j < t.n_blocks; ++j) {
+    const int stage = j % Cfg::kStages;
+    const uint32_t phase = (j / Cfg::kStages) & 1;
+    mbarrier_wait(&s.k_empty[stage], phase ^ 1);  // first lap: passes at once
+    load_kv<Cfg>(s.k[stage], &p.k_map, j, t.kv_head, &s.k_full[stage]);
+    mbarrier_wait(&s.v_empty[stage], phase ^ 1);
+    load_kv<Cfg>(s.v[stage], &p.v_map, j, t.kv_head, &s.v_full[stage]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The two GEMMs of one warpgroup (64 query rows).
+// ---------------------------------------------------------------------------------------
+
+// S_ij = Q_i K_jᵀ: d/16 wgmma SS (both operands K-major), one commit group.
+template <class Cfg, typename T>
+__device__ void gemm_qk(float (&S)[Cfg::B_c / 2], const T* Q_i, const T* K_j) {
+  constexpr int kSteps = Cfg::kChunkCols / Cfg::kK;  // K steps per 128-byte chunk
+  const uint64_t q_desc = make_smem_desc(Q_i, /*unused*/ 16, Cfg::kAtomBytes);
+  const uint64_t k_desc = make_smem_desc(K_j, /*unused*/ 16, Cfg::kAtomBytes);
+  pin_registers(S);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kChunks * kSteps; ++kk) {
+    const uint32_t in_chunk = (kk % kSteps) * Cfg::kK * sizeof(T);  // 32 B per K step inside a row
+    Wgmma<T, Cfg::B_c>::ss(S,
+                           desc_advance(q_desc, (kk / kSteps) * kWarpgroupRows * Cfg::kSwizzleRowBytes + in_chunk),
+                           desc_advance(k_desc, (kk / kSteps) * Cfg::B_c * Cfg::kSwizzleRowBytes + in_chunk),
+                           /*accumulate=*/kk > 0);
+  }
+  wgmma_commit();
+  pin_registers(S);
+}
+
+// O_i += P_ij V_j: B_c/16 wgmma RS (P from registers, V N-major), one commit group.
+template <class Cfg, typename T, int D>
+__device__ void gemm_pv(float (&O)[D / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4], const T* V_j) {
+  // N-major V: 8-row atoms 1024 B apart along K (keys), 64-column chunks B_c*128 B apart along N.
+  const uint64_t v_desc = make_smem_desc(V_j, Cfg::B_c * Cfg::kSwizzleRowBytes, Cfg::kAtomBytes);
+  pin_registers(O);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
+    Wgmma<T, D>::rs(O, P[kk], desc_advance(v_desc, kk * Cfg::kK * Cfg::kSwizzleRowBytes), /*accumulate=*/1);
+  wgmma_commit();
+  pin_registers(O);
+}
+
+// ---------------------------------------------------------------------------------------
+// Softmax on the wgmma accumulator layout. Thread (warp w, lane l) of a warpgroup owns
+// rows r = 16w + l/4 (slot 0) and r + 8 (slot 1), columns 8i + 2(l%4) + {0,1}:
+//
+//            cols 0-1  2-3  4-5  6-7 | 8-9 ...
+//   row 0      T0   T1   T2   T3     | T0  ...     S[4i + 0..1] -> row r
+//   row 8      T0   T1   T2   T3     | T0  ...     S[4i + 2..3] -> row r + 8
+//
+// so a row's values live in 4 neighbouring lanes: row reductions are two shuffles.
+// ---------------------------------------------------------------------------------------
+
+struct Fragment {
+  int row[2];    // this thread's two rows, relative to the warpgroup's first row
+  int col_base;  // first column of this thread inside each 8-column group
+  __device__ Fragment() {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    row[0] = 16 * warp + lane / 4;
+    row[1] = row[0] + 8;
+    col_base = 2 * (lane % 4);
+  }
+};
+
+__device__ inline float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ inline float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Keys past Nk (TMA read zeros there) and, causal, keys right of the diagonal get -inf.
+template <class Cfg, typename T>
+__device__ void mask_block(float (&S)[Cfg::B_c / 2], const Fragment& f, int j, int wg_row0, const Params<T>& p) {
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    const int last_key = p.causal ? min(p.Nk - 1, wg_row0 + f.row[slot] + (p.Nk - p.Nq)) : p.Nk - 1;
+#pragma unroll
+    for (int i = 0; i < Cfg::B_c / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (j * Cfg::B_c + 8 * i + f.col_base + e > last_key) S[4 * i + 2 * slot + e] = -INFINITY;
+  }
+}
+
+template <class Cfg, typename T>
+__device__ bool block_needs_mask(int j, int wg_row0, const Params<T>& p) {
+  const int key_end = (j + 1) * Cfg::B_c;  // one past the block's last key
+  return key_end > p.Nk || (p.causal && key_end - 1 > wg_row0 + (p.Nk - p.Nq));
+}
+
+// Online softmax of one block (FA2 Algorithm 1, lines 8-10), base 2:
+//   m_i^new = max(m_i, rowmax(S_ij));  P_ij = exp(S_ij - m_i^new) (in place in S);
+//   alpha = exp(m_i - m_i^new);  l_i = alpha l_i + rowsum(P_ij)   (l_i: this thread's part).
+// The caller rescales O_i by alpha (06d: later, once the in-flight P V has landed).
+template <class Cfg>
+__device__ void online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                               float scale_log2) {
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    float m_new = m[slot];
+#pragma unroll
+    for (int i = 0; i < Cfg::B_c / 8; ++i)
+      m_new = fmaxf(m_new, fmaxf(S[4 * i + 2 * slot], S[4 * i + 2 * slot + 1]));
+    m_new = quad_max(m_new);
+    // A row that has seen only masked keys keeps m = -inf; exponentiate against 0 so
+    // that exp(-inf - (-inf)) never appears: its P is 0 and alpha is 0.
+    const float m_base = (m_new == -INFINITY ? 0.f : m_new) * scale_log2;
+    alpha[slot] = exp2_approx(m[slot] * scale_log2 - m_base);
+    m[slot] = m_new;
+    float row_sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < Cfg::B_c / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& s_ij = S[4 * i + 2 * slot + e];
+        s_ij = exp2_approx(fmaf(s_ij, scale_log2, -m_base));
+        row_sum += s_ij;
+      }
+    l[slot] = alpha[slot] * l[slot] + row_sum;
+  }
+}
+
+template <int D>
+__device__ void rescale(float (&O)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) O[4 * i + e] *= alpha[e / 2];
+}
+
+// P (fp32 accumulator layout) -> the wgmma A-operand layout in bf16/fp16 registers. For
+// each K step kk of 16 keys the two layouts coincide, so it is a pairwise convert:
+//   P_op[kk][r] = {P[8kk + 2r], P[8kk + 2r + 1]}.
+template <class Cfg, typename T>
+__device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) P_op[kk][r] = pack2<T>(P[8 * kk + 2 * r], P[8 * kk + 2 * r + 1]);
+}
+
+// O_i = diag(l_i)^-1 O_i; lse_i = m_i + log(l_i) (FA2 Algorithm 1, lines 12-13). Rows past
+// Nq are never written; a row with no visible key gets O = 0 and lse = -inf.
+template <int D, typename T>
+__device__ void write_output(const float (&O)[D / 2], const float (&m)[2], const float (&l)[2], const Fragment& f,
+                             int bh, int wg_row0, const Params<T>& p) {
+  const float l_row[2] = {quad_sum(l[0]), quad_sum(l[1])};  // whole-row sums (all lanes shuffle)
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    const int row = wg_row0 + f.row[slot];
+    if (row >= p.Nq) continue;
+    const float inv_l = l_row[slot] > 0.f ? 1.f / l_row[slot] : 0.f;
+    T* o_row = p.o + (size_t(bh) * p.Nq + row) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<uint32_t*>(o_row + 8 * i + f.col_base) =
+          pack2<T>(O[4 * i + 2 * slot] * inv_l, O[4 * i + 2 * slot + 1] * inv_l);
+    if (p.lse && f.col_base == 0)
+      p.lse[size_t(bh) * p.Nq + row] = l_row[slot] > 0.f ? m[slot] * p.scale + logf(l_row[slot]) : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 06c/06d ping-pong: consumer warpgroups take turns (0, 1, .., 0, 1, ..) issuing their
+// GEMMs; issuing hands the turn on, and the next one's GEMMs run under this one's softmax.
+// ---------------------------------------------------------------------------------------
+
+template <class Cfg>
+struct TurnTaking {
+  static constexpr int kThreads = 2 * Cfg::kWgThreads;  // the waiting and the handing-over warpgroup
+  int wg;
+  __device__ void start() const {  // warpgroup 0 goes first: the last one hands it the turn
+    if constexpr (Cfg::kPingpong)
+      if (wg == Cfg::kConsumers - 1) named_barrier_arrive(Cfg::kTurnBarrier + 0, kThreads);
+  }
+  __device__ void wait_turn() const {
+    if constexpr (Cfg::kPingpong) named_barrier_sync(Cfg::kTurnBarrier + wg, kThreads);
+  }
+  __device__ void pass_turn() const {
+    if constexpr (Cfg::kPingpong) named_barrier_arrive(Cfg::kTurnBarrier + (wg + 1) % Cfg::kConsumers, kThreads);
+  }
+  __device__ void finish() const {  // take the last hand-over, so every arrival is matched
+    if constexpr (Cfg::kPingpong)
+      if (wg == 0) named_barrier_sync(Cfg::kTurnBarrier + 0, kThreads);
+  }
+};
+
+// A consumer warp is done with a ring stage (06b-d): one arrival per warp.
+__device__ inline void release(uint64_t* empty) {
+  if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
+}
+
+// ---------------------------------------------------------------------------------------
+// Consumer warpgroup: FA2's inner loop over K/V blocks for its 64 rows of Q_i.
+// ---------------------------------------------------------------------------------------
+
+template <class Cfg, int D, typename T, class Smem>
+__device__ void consume(Smem& s, const Params<T>& p, const Tile& t, int wg) {
+  constexpr int B_c = Cfg::B_c;
+  const Fragment f;
+  const int wg_row0 = t.row0 + wg * kWarpgroupRows;
+  const T* Q_i = s.q[wg];
+  const TurnTaking<Cfg> turn{wg};
+
+  float O[D / 2];                       // O_i accumulator (fp32, wgmma layout)
+  float S[B_c / 2];                     // S_ij, then P_ij in place
+  uint32_t P_op[B_c / Cfg::kK][4];      // P_ij as the A operand of the P V wgmma
+  float m[2] = {-INFINITY, -INFINITY};  // m_i: running row max (raw scores)
+  float l[2] = {0.f, 0.f};              // l_i: running row sum, this thread's columns
+  float alpha[2];                       // exp(m_old - m_new), rescales O_i
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) O[i] = 0.f;
+
+  if constexpr (!Cfg::kWarpSpecialized)
+    if (threadIdx.x == 0) load_q<Cfg>(s, p, t);  // 06a: the one warpgroup fetches for itself
+  mbarrier_wait(&s.q_full, 0);
+  turn.start();
+
+  if constexpr (!Cfg::kIntraOverlap) {
+    // 06a-c: S = Q K_jᵀ, softmax, O += P V_j, each waited for before the next.
+    for (int j = 0; j < t.n_blocks; ++j) {
+      const int stage = j % Cfg::kStages;
+      const uint32_t phase = (j / Cfg::kStages) & 1;
+      if constexpr (!Cfg::kWarpSpecialized)
+        if (threadIdx.x == 0) {
+          load_kv<Cfg>(s.k[stage], &p.k_map, j, t.kv_head, &s.k_full[stage]);
+          load_kv<Cfg>(s.v[stage], &p.v_map, j, t.kv_head, &s.v_full[stage]);
+        }
+      // S_ij = Q_i K_jᵀ
+      mbarrier_wait(&s.k_full[stage], phase);
+      turn.wait_turn();
+      gemm_qk<Cfg>(S, Q_i, s.k[stage]);
+      turn.pass_turn();
+      wgmma_wait<0>();
+      pin_registers(S);
+      if constexpr (Cfg::kWarpSpecialized) release(&s.k_empty[stage]);
+      // m_i, P_ij, l_i; O_i *= exp(m_old - m_new)
+      if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
+      online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);
+      rescale<D>(O, alpha);
+      to_operand<Cfg, T>(S, P_op);
+      // O_i += P_ij V_j
+      mbarrier_wait(&s.v_full[stage], phase);
+      gemm_pv<Cfg, T, D>(O, P_op, s.v[stage]);
+      wgmma_wait<0>();
+      pin_registers(O);
+      if constexpr (Cfg::kWarpSpecialized)
+        release(&s.v_empty[stage]);
+      else
+        __syncthreads();  // 06a: all reads of K_j, V_j done before thread 0 overwrites them
+    }
+  } else if (t.n_blocks > 0) {
+    // 06d: software pipeline over blocks. Block 0: S_i0 and its softmax alone.
+    mbarrier_wait(&s.k_full[0], 0);
+    turn.wait_turn();
+    gemm_qk<Cfg>(S, Q_i, s.k[0]);
+    turn.pass_turn();
+    wgmma_wait<0>();
+    pin_registers(S);
+    release(&s.k_empty[0]);
+    if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
+    online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);  // O_i is still 0: nothing to rescale
+    to_operand<Cfg, T>(S, P_op);
+    for (int j = 1; j < t.n_blocks; ++j) {
+      const int stage = j % Cfg::kStages, prev = (j - 1) % Cfg::kStages;
+      const uint32_t phase = (j / Cfg::kStages) & 1, prev_phase = ((j - 1) / Cfg::kStages) & 1;
+      // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1); both run during the softmax below.
+      mbarrier_wait(&s.k_full[stage], phase);
+      turn.wait_turn();
+      gemm_qk<Cfg>(S, Q_i, s.k[stage]);
+      mbarrier_wait(&s.v_full[prev], prev_phase);
+      gemm_pv<Cfg, T, D>(O, P_op, s.v[prev]);
+      turn.pass_turn();
+      wgmma_wait<1>();  // S_ij has landed; the P V is still running
+      pin_registers(S);
+      release(&s.k_empty[stage]);
+      if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
+      online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);
+      wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
+      pin_registers(O);
+      release(&s.v_empty[prev]);
+      rescale<D>(O, alpha);
+      to_operand<Cfg, T>(S, P_op);
+    }
+    // The last block's O_i += P V.
+    const int last = (t.n_blocks - 1) % Cfg::kStages;
+    mbarrier_wait(&s.v_full[last], ((t.n_blocks - 1) / Cfg::kStages) & 1);
+    gemm_pv<Cfg, T, D>(O, P_op, s.v[last]);
+    wgmma_wait<0>();
+    pin_registers(O);
+    release(&s.v_empty[last]);
+  }
+  turn.finish();
+  write_output<D, T>(O, m, l, f, t.bh, wg_row0, p);
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernel: one CTA per (B_r query rows, head, batch).
+// ---------------------------------------------------------------------------------------
+
+template <Variant V, int D, typename T>
+__global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(const __grid_constant__ Params<T> p) {
+  using Cfg = Config<V, D, T>;
+  using Smem = SharedStorage<Cfg, T, D>;
+  extern __shared__ uint8_t smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + alignof(Smem) - 1) &
+                                     ~uintptr_t(alignof(Smem) - 1));
+  const Tile t = make_tile<Cfg>(p);
+
+  if (threadIdx.x == 0) {
+    constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
+    mbarrier_init(&s.q_full, 1);
+    for (int i = 0; i < Cfg::kStages; ++i) {
+      mbarrier_init(&s.k_full[i], 1);  // the loader's arrive.expect_tx; then the bytes
+      mbarrier_init(&s.v_full[i], 1);
+      mbarrier_init(&s.k_empty[i], kConsumerWarps);  // one arrival per consumer warp
+      mbarrier_init(&s.v_empty[i], kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if constexpr (Cfg::kWarpSpecialized) {
+    const int wg = threadIdx.x / Cfg::kWgThreads;
+    if (wg == 0) {  // producer: one thread issues every copy
+      setmaxnreg_dec<Cfg::kProducerRegs>();
+      if (threadIdx.x == 0) produce<Cfg>(s, p, t);
+    } else {
+      setmaxnreg_inc<Cfg::kConsumerRegs>();
+      consume<Cfg, D>(s, p, t, wg - 1);
+    }
+  } else {
+    consume<Cfg, D>(s, p, t, 0);
+  }
+}
+
+template <Variant V, int D, typename T>
+void launch(const AttnProblem& pr, const AttnTensors& tensors, cudaStream_t stream) {
+  using Cfg = Config<V, D, T>;
+  constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
+  static const bool smem_configured = [] {  // opt in to > 48 KB of dynamic shared memory, once
+    CUDA_CHECK(cudaFuncSetAttribute(fa3_forward<V, D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+    return true;
+  }();
+  (void)smem_configured;
+
+  for (const void* ptr : {tensors.q, tensors.k, tensors.v, static_cast<const void*>(tensors.o)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      throw AttnError("06_fa3_hopper: Q, K, V and O must be 16-byte aligned (TMA)");
+
+  constexpr CUtensorMapDataType kType =
+      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  Params<T> p{};
+  p.q_map = make_tensor_map_3d(tensors.q, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows);
+  p.k_map = make_tensor_map_3d(tensors.k, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c);
+  p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c);
+  p.o = static_cast<T*>(tensors.o);
+  p.lse = tensors.lse;
+  p.Nq = pr.Nq;
+  p.Nk = pr.Nk;
+  p.H = pr.H;
+  p.Hkv = pr.Hkv;
+  p.group = pr.group();
+  p.m_blocks = (pr.Nq + Cfg::B_r - 1) / Cfg::B_r;
+  p.scale = pr.softmax_scale();
+  p.scale_log2 = p.scale * float(M_LOG2E);
+  p.causal = pr.causal;
+
+  const long long ctas = 1LL * p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
+  fa3_forward<V, D, T><<<unsigned(ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn::fa3

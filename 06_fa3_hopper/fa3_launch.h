@@ -1,0 +1,40 @@
+// The four steps of rung 06 and their tile sizes: host-side view (no device code), shared
+// by stages.cu (registration, cost model) and the kernel instances.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/attention.h"
+
+namespace attn::fa3 {
+
+// Each step adds one idea to the one before; one kernel template, switched at compile time.
+enum class Variant {
+  tma_wgmma,         // 06a: TMA + mbarrier loads, wgmma SS (Q Kᵀ) and RS (P V); one warpgroup, synchronous
+  warp_specialized,  // 06b: producer warpgroup streams K/V through a ring; two consumer warpgroups compute
+  pingpong,          // 06c: named barriers alternate the consumers' GEMMs, so one's softmax hides the other's
+  fa3,               // 06d: + intra-warpgroup overlap: S_(j+1) and P_j V_j in flight during the softmax
+};
+
+constexpr bool warp_specialized(Variant v) { return v != Variant::tma_wgmma; }
+
+// Query rows per wgmma (its fixed M) = rows per consumer warpgroup.
+constexpr int kWarpgroupRows = 64;
+// Consumer warpgroups per CTA (06b-d). More of them interleave more softmax with GEMMs but
+// share the register file: three fit only where O and S are small (d = 64).
+constexpr int consumer_warpgroups(Variant v, int d) { return !warp_specialized(v) ? 1 : d == 64 ? 3 : 2; }
+// B_r: query rows per CTA, one block of 64 per consumer warpgroup.
+constexpr int block_rows(Variant v, int d) { return kWarpgroupRows * consumer_warpgroups(v, d); }
+// B_c: keys per K/V block. Larger amortises the per-block softmax and barrier work, but S
+// (B_c/2 fp32 registers per thread) must fit next to O (d/2): 176 fits beside d = 128
+// and 80 beside d = 256 (both as in FA3). 06a keeps 64 at d = 256, where a smaller tile
+// lets two of its one-warpgroup CTAs share an SM.
+constexpr int block_cols(Variant v, int d) {
+  return d == 256 ? (warp_specialized(v) ? 80 : 64) : d == 128 ? 176 : 128;
+}
+
+// One instantiation per (variant, d, element type): fa3_<variant>.cu.in.
+template <Variant V, int D, typename T>
+void launch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
+
+}  // namespace attn::fa3

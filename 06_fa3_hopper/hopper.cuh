@@ -1,0 +1,184 @@
+// Thin, named wrappers over the Hopper (sm_90a) instructions this rung uses, so that the
+// kernel body reads as the algorithm: TMA tensor maps and loads, mbarriers, wgmma
+// descriptors / fence / commit / wait, setmaxnreg, named barriers.
+// Each wrapper is one PTX instruction (or a wait loop around one); the PTX ISA section
+// named in the comment is the reference.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: libcuda is not linked)
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <cstdint>
+#include <string>
+
+#include "06_fa3_hopper/wgmma_ops.cuh"
+#include "common/check.h"
+#include "common/stage.h"
+
+namespace attn::hopper {
+
+// ---------------------------------------------------------------------------------------
+// Host: TMA tensor maps
+// ---------------------------------------------------------------------------------------
+
+// A [heads, rows, d] view of a contiguous [B, H, N, d] tensor (heads = B*H), read in boxes
+// of box_rows x 64 elements. 64 bf16/fp16 elements = 128 bytes = the 128-byte swizzle
+// span, so a d-wide tile is loaded as d/64 boxes ("column chunks"). Rows past N are
+// zero-filled by the copy engine: a tile never runs into the next head's rows.
+inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type, int heads, int rows, int d,
+                                      int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || !fn)
+      throw AttnError("06_fa3_hopper: the driver does not provide cuTensorMapEncodeTiled (needs CUDA 12+)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  constexpr int kElemBytes = 2;
+  constexpr int kChunkCols = 128 / kElemBytes;
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};  // innermost first
+  const cuuint64_t strides[2] = {cuuint64_t(d) * kElemBytes, cuuint64_t(rows) * d * kElemBytes};  // bytes, dims 1..2
+  const cuuint32_t box[3] = {kChunkCols, cuuint32_t(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  CUresult r = encode(&map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE /* out-of-bounds elements read as zero */);
+  if (r != CUDA_SUCCESS)
+    throw AttnError("06_fa3_hopper: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) +
+                    " (pointers must be 16-byte aligned)");
+  return map;
+}
+
+// ---------------------------------------------------------------------------------------
+// Device: shared-memory addresses, mbarriers (PTX ISA 9.7.13.15)
+// ---------------------------------------------------------------------------------------
+
+__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// An mbarrier completes a phase when `arrivals` threads arrived and all expected
+// transaction bytes (TMA) landed; waiters test the phase parity.
+__device__ inline void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (the TMA unit).
+__device__ inline void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+__device__ inline void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrive and announce that `bytes` will land on this barrier (by TMA) in this phase.
+__device__ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Block until the phase with parity `phase` has completed.
+__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t phase) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// Device: TMA load (PTX ISA 9.7.9.25): one box of a 3-D tensor map into shared memory,
+// completing `bytes` on the mbarrier.
+// ---------------------------------------------------------------------------------------
+
+__device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// Device: wgmma (PTX ISA 9.7.15)
+// ---------------------------------------------------------------------------------------
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled tile (PTX ISA 9.7.15.5.1.2):
+// start address, leading and stride byte offsets (each >> 4), swizzle mode 1 = 128B.
+//   K-major operand (Q, K):  rows of 64 elements (128 B), 8-row atoms 1024 B apart (SBO);
+//                            LBO unused.
+//   N-major operand (V):     the same atoms; LBO = bytes between 64-column chunks.
+__device__ inline uint64_t make_smem_desc(const void* tile, uint32_t leading_bytes, uint32_t stride_bytes) {
+  constexpr uint64_t kSwizzle128B = 1;
+  return uint64_t((smem_addr(tile) & 0x3FFFF) >> 4) | uint64_t(leading_bytes >> 4) << 16 |
+         uint64_t(stride_bytes >> 4) << 32 | kSwizzle128B << 62;
+}
+// Advance a descriptor's start address by `bytes` (16-byte units live in bits 0-13).
+__device__ inline uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+// Order earlier register writes (accumulators, A fragments) before the next wgmma.
+__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+// Close the wgmmas issued so far into one group.
+__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Wait until at most `Pending` committed groups are still in flight.
+template <int Pending>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");
+}
+// Pin registers that an in-flight wgmma owns: the compiler may not move reads or writes
+// of them across this point.
+template <int N>
+__device__ inline void pin_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// Device: warp specialisation
+// ---------------------------------------------------------------------------------------
+
+// Give registers back (producer) or take them (consumers); every warp of the warpgroup
+// executes it. Takes effect only under a launch-bounds register cap.
+template <int Regs>
+__device__ inline void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Regs));
+}
+template <int Regs>
+__device__ inline void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Regs));
+}
+
+// Named barriers (ids 1..15; 0 is __syncthreads): sync waits for `threads` arrivals,
+// arrive counts this thread's and goes on.
+__device__ inline void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// Device: math
+// ---------------------------------------------------------------------------------------
+
+// 2^x on the special-function unit (softmax works in base 2: exp(x) = 2^(x log2 e)).
+__device__ inline float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two fp32 values -> one 32-bit register of two bf16 / fp16 (low half = first).
+template <typename T>
+__device__ inline uint32_t pack2(float lo, float hi);
+template <>
+__device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ inline uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+}  // namespace attn::hopper
