@@ -224,8 +224,14 @@ int main(int argc, char** argv) {
       std::ostringstream prob;
       prob << "B" << r.p.B << " H" << r.p.H << " N" << r.p.Nq << (r.p.Nk != r.p.Nq ? "/" + std::to_string(r.p.Nk) : "")
            << " d" << r.p.d << (r.p.causal ? " causal" : "") << " " << dtype_name(r.p.dtype);
-      std::printf("%-22s %-34s %9.3f %8.1f %7.1f %9.2e %9.2e%s\n", r.rung.c_str(), prob.str().c_str(), r.t.median_ms,
-                  r.tflops, percent_of_ceiling(s, r), r.err_vs_ref, r.err_vs_prev, bad ? "  FAIL" : "");
+      auto opt = [](double x, const char* f) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, f, x);
+        return x < 0 ? std::string("-") : std::string(buf);
+      };
+      std::printf("%-22s %-34s %9.3f %8.1f %7s %9s %9s%s\n", r.rung.c_str(), prob.str().c_str(), r.t.median_ms, r.tflops,
+                  opt(percent_of_ceiling(s, r), "%.1f").c_str(), opt(r.err_vs_ref, "%.2e").c_str(),
+                  opt(r.err_vs_prev, "%.2e").c_str(), bad ? "  FAIL" : "");
     }
     if (failures) {
       std::printf("\n%d row(s) failed the accuracy bounds or wrote non-finite values\n", failures);

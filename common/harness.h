@@ -74,7 +74,7 @@ struct Row {
 struct HarnessOptions {
   int warmup = 3;
   int repeats = 20;
-  double max_seconds_per_rung = 4.0;
+  double max_seconds_per_rung = 2.0;  // slow rungs (03b, 04 at large N) stop early, >= 3 runs
   bool check_ref = true;
   int ref_rows_per_head = 64;  // sampled rows when the full reference is too costly
   double full_ref_macs = 4e9;  // full fp64 check below this many multiply-adds
