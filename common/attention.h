@@ -22,6 +22,9 @@ namespace attn {
 enum class DType { bf16, fp16, fp8_e4m3 };
 
 const char* dtype_name(DType t);
+// The element type of Q, K, V and O in memory. The FP8 path takes bf16 tensors and
+// quantizes them to e4m3 itself (its first kernel), so fp8 problems store bf16.
+inline DType storage_dtype(DType t) { return t == DType::fp8_e4m3 ? DType::bf16 : t; }
 DType parse_dtype(const std::string& s);  // "bf16" | "fp16" | "fp8"; throws on anything else
 size_t dtype_bytes(DType t);
 
@@ -56,7 +59,7 @@ struct AttnTensors {
   const void* q = nullptr;  // [B, H,   Nq, d]
   const void* k = nullptr;  // [B, Hkv, Nk, d]
   const void* v = nullptr;  // [B, Hkv, Nk, d]
-  void* o = nullptr;        // [B, H,   Nq, d]  (same dtype as q; bf16 for fp8 inputs)
+  void* o = nullptr;        // [B, H,   Nq, d]  (all four in storage_dtype(problem.dtype))
   float* lse = nullptr;     // [B, H, Nq] natural-log logsumexp; optional (may be null)
   void* workspace = nullptr;     // device scratch of Stage::workspace_bytes(problem)
   size_t workspace_bytes = 0;

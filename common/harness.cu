@@ -22,18 +22,19 @@ namespace attn {
 ProblemInputs::ProblemInputs(const AttnProblem& prob, uint64_t seed, Fill dist, float mean, float stddev,
                              cudaStream_t stream, bool keep_host)
     : p(prob),
-      q(p.q_elems() * dtype_bytes(p.dtype)),
-      k(p.kv_elems() * dtype_bytes(p.dtype)),
-      v(p.kv_elems() * dtype_bytes(p.dtype)) {
-  fill_random(q.get(), p.q_elems(), p.dtype, seed, dist, mean, stddev, stream);
-  fill_random(k.get(), p.kv_elems(), p.dtype, seed + 1, dist, mean, stddev, stream);
-  fill_random(v.get(), p.kv_elems(), p.dtype, seed + 2, dist, mean, stddev, stream);
+      q(p.q_elems() * dtype_bytes(storage_dtype(p.dtype))),
+      k(p.kv_elems() * dtype_bytes(storage_dtype(p.dtype))),
+      v(p.kv_elems() * dtype_bytes(storage_dtype(p.dtype))) {
+  DType t = storage_dtype(p.dtype);
+  fill_random(q.get(), p.q_elems(), t, seed, dist, mean, stddev, stream);
+  fill_random(k.get(), p.kv_elems(), t, seed + 1, dist, mean, stddev, stream);
+  fill_random(v.get(), p.kv_elems(), t, seed + 2, dist, mean, stddev, stream);
   if (keep_host) {
     auto download = [&](const DeviceBuffer& b, int64_t n) {
       std::vector<uint16_t> raw(n);
       CUDA_CHECK(cudaMemcpyAsync(raw.data(), b.get(), n * 2, cudaMemcpyDeviceToHost, stream));
       CUDA_CHECK(cudaStreamSynchronize(stream));
-      return to_float(raw, p.dtype);
+      return to_float(raw, t);
     };
     host.q = download(q, p.q_elems());
     host.k = download(k, p.kv_elems());
@@ -58,7 +59,7 @@ RungOutput run_rung(const Stage& s, const ProblemInputs& in, cudaStream_t stream
   const AttnProblem& p = in.p;
   validate_problem(s, p);
   validate_device(s);
-  size_t out_bytes = p.o_elems() * dtype_bytes(p.dtype == DType::fp8_e4m3 ? DType::bf16 : p.dtype);
+  size_t out_bytes = p.o_elems() * dtype_bytes(storage_dtype(p.dtype));
   size_t ws = s.workspace(p);
   require_device_memory(ws + out_bytes + p.lse_elems() * sizeof(float),
                         s.name + " (output" + std::string(ws ? " + S/P workspace" : "") + ")");
@@ -74,7 +75,7 @@ RungOutput run_rung(const Stage& s, const ProblemInputs& in, cudaStream_t stream
 }
 
 std::vector<double> gather_o_rows(const RungOutput& out, const AttnProblem& p, const std::vector<RowIndex>& rows) {
-  DType t = p.dtype == DType::fp8_e4m3 ? DType::bf16 : p.dtype;
+  DType t = storage_dtype(p.dtype);
   std::vector<double> result;
   result.reserve(rows.size() * p.d);
   std::vector<uint16_t> raw(p.d);
@@ -212,7 +213,7 @@ std::vector<Row> Harness::run_problem(const AttnProblem& p, const std::vector<co
     r.model_flops = hbm::flops(p);
     if (s->model_hbm_bytes) r.model_hbm_bytes = s->model_hbm_bytes(p);
 
-    DType out_t = p.dtype == DType::fp8_e4m3 ? DType::bf16 : p.dtype;
+    DType out_t = storage_dtype(p.dtype);
     int64_t bad = count_nonfinite(out.o.get(), p.o_elems(), out_t, stream_);
     if (bad) r.note = std::to_string(bad) + " non-finite or unwritten outputs";
 

@@ -73,7 +73,7 @@ bool runs_here(const Stage& s, const AttnProblem& p) {
 void expect_matches_reference(const Stage& s, const RungOutput& out, const ProblemInputs& in,
                               const std::vector<RowIndex>& rows, const ReferenceRows& ref, cudaStream_t stream) {
   const AttnProblem& p = in.p;
-  EXPECT_EQ(count_nonfinite(out.o.get(), p.o_elems(), p.dtype, stream), 0) << "unwritten (poison) or non-finite O";
+  EXPECT_EQ(count_nonfinite(out.o.get(), p.o_elems(), storage_dtype(p.dtype), stream), 0) << "unwritten (poison) or non-finite O";
   double max_abs = 0;
   double err = rel_frobenius(gather_o_rows(out, p, rows), ref.o, &max_abs);
   EXPECT_LE(err, tolerance(p.dtype)) << "vs fp64, max abs error " << max_abs;
@@ -109,7 +109,7 @@ TEST_P(Ladder, EveryRungMatchesFp64AndTheRungBelow) {
     expect_matches_reference(s, out, in, rows, ref, stream_);
     for (std::string below = s.prev; !below.empty(); below = find_stage(below).prev)
       if (done.count(below)) {
-        double err = rel_frobenius_device(out.o.get(), done[below].o.get(), p.o_elems(), p.dtype, stream_);
+        double err = rel_frobenius_device(out.o.get(), done[below].o.get(), p.o_elems(), storage_dtype(p.dtype), stream_);
         EXPECT_LE(err, tolerance(p.dtype)) << "chain check vs " << below;
         break;
       }
