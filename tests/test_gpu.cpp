@@ -45,6 +45,9 @@ std::string name_of(const Shape& s) {
   return os.str();
 }
 
+// gtest prints parameters in test listings (and ctest names): say the shape, not its bytes.
+void PrintTo(const Shape& s, std::ostream* os) { *os << name_of(s); }
+
 AttnProblem problem_of(const Shape& s) {
   AttnProblem p;
   p.B = s.B;
