@@ -96,8 +96,8 @@ struct Tile {
   int n_blocks;  // K/V blocks left of the causal diagonal (all of them without causal)
 };
 
-template <class Cfg, typename T>
-__device__ Tile make_tile(const Params<T>& p) {
+template <class Cfg, class Prm>  // Prm: Params<T>, or the FP8 kernel's Fp8Params
+__device__ Tile make_tile(const Prm& p) {
   Tile t;
   const int m_block = p.m_blocks - 1 - int(blockIdx.x % p.m_blocks);  // causal: longest rows first
   t.bh = int(blockIdx.x / p.m_blocks);
@@ -115,8 +115,8 @@ __device__ Tile make_tile(const Params<T>& p) {
 // Loads (the producer's side): TMA copies that complete on the stage's "full" barrier.
 // ---------------------------------------------------------------------------------------
 
-template <class Cfg, typename T, class Smem>
-__device__ void load_q(Smem& s, const Params<T>& p, const Tile& t) {
+template <class Cfg, class Smem, class Prm>
+__device__ void load_q(Smem& s, const Prm& p, const Tile& t) {
   mbarrier_arrive_expect_tx(&s.q_full, Cfg::kQBytes);
   for (int w = 0; w < Cfg::kConsumers; ++w)
     for (int c = 0; c < Cfg::kChunks; ++c)
@@ -218,8 +218,8 @@ __device__ inline float quad_sum(float x) {
 }
 
 // Keys past Nk (TMA read zeros there) and, causal, keys right of the diagonal get -inf.
-template <class Cfg, typename T>
-__device__ void mask_block(float (&S)[Cfg::B_c / 2], const Fragment& f, int j, int wg_row0, const Params<T>& p) {
+template <class Cfg, class Prm>
+__device__ void mask_block(float (&S)[Cfg::B_c / 2], const Fragment& f, int j, int wg_row0, const Prm& p) {
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
     const int last_key = p.causal ? min(p.Nk - 1, wg_row0 + f.row[slot] + (p.Nk - p.Nq)) : p.Nk - 1;
@@ -231,8 +231,8 @@ __device__ void mask_block(float (&S)[Cfg::B_c / 2], const Fragment& f, int j, i
   }
 }
 
-template <class Cfg, typename T>
-__device__ bool block_needs_mask(int j, int wg_row0, const Params<T>& p) {
+template <class Cfg, class Prm>
+__device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
   const int key_end = (j + 1) * Cfg::B_c;  // one past the block's last key
   return key_end > p.Nk || (p.causal && key_end - 1 > wg_row0 + (p.Nk - p.Nq));
 }
@@ -290,9 +290,9 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
 
 // O_i = diag(l_i)^-1 O_i; lse_i = m_i + log(l_i) (FA2 Algorithm 1, lines 12-13). Rows past
 // Nq are never written; a row with no visible key gets O = 0 and lse = -inf.
-template <int D, typename T>
+template <int D, typename T, class Prm>
 __device__ void write_output(const float (&O)[D / 2], const float (&m)[2], const float (&l)[2], const Fragment& f,
-                             int bh, int wg_row0, const Params<T>& p) {
+                             int bh, int wg_row0, const Prm& p) {
   const float l_row[2] = {quad_sum(l[0]), quad_sum(l[1])};  // whole-row sums (all lanes shuffle)
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {

@@ -8,6 +8,7 @@
 #include <cuda.h>  // CUtensorMap and its enums (types only: libcuda is not linked)
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <string>
@@ -26,8 +27,9 @@ namespace attn::hopper {
 // of box_rows x 64 elements. 64 bf16/fp16 elements = 128 bytes = the 128-byte swizzle
 // span, so a d-wide tile is loaded as d/64 boxes ("column chunks"). Rows past N are
 // zero-filled by the copy engine: a tile never runs into the next head's rows.
+// The FP8 path passes elem_bytes = 1: boxes of 128 e4m3 elements, still 128 bytes.
 inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type, int heads, int rows, int d,
-                                      int box_rows) {
+                                      int box_rows, int elem_bytes = 2) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status{};
@@ -36,12 +38,12 @@ inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type
       throw AttnError("06_fa3_hopper: the driver does not provide cuTensorMapEncodeTiled (needs CUDA 12+)");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  constexpr int kElemBytes = 2;
-  constexpr int kChunkCols = 128 / kElemBytes;
+  constexpr int kSwizzleBytes = 128;
+  const int chunk_cols = kSwizzleBytes / elem_bytes;
   CUtensorMap map{};
   const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};  // innermost first
-  const cuuint64_t strides[2] = {cuuint64_t(d) * kElemBytes, cuuint64_t(rows) * d * kElemBytes};  // bytes, dims 1..2
-  const cuuint32_t box[3] = {kChunkCols, cuuint32_t(box_rows), 1};
+  const cuuint64_t strides[2] = {cuuint64_t(d) * elem_bytes, cuuint64_t(rows) * d * elem_bytes};  // bytes, dims 1..2
+  const cuuint32_t box[3] = {cuuint32_t(chunk_cols), cuuint32_t(box_rows), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   CUresult r = encode(&map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -179,6 +181,14 @@ template <>
 __device__ inline uint32_t pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Four fp32 values -> one 32-bit register of four e4m3 bytes (byte 0 = first), rounded to
+// nearest and saturated to +-448 (the e4m3 range) instead of overflowing to NaN.
+__device__ inline uint32_t pack4_e4m3(float b0, float b1, float b2, float b3) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(b0, b1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b2, b3), __NV_SATFINITE, __NV_E4M3);
+  return lo | hi << 16;
 }
 
 }  // namespace attn::hopper

@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "06_fa3_hopper/fa3.h"
+#include "06_fa3_hopper/fa3_fp8.h"
 #include "06_fa3_hopper/fa3_launch.h"
 #include "common/hbm_model.h"
 
@@ -55,6 +56,39 @@ Stage make_stage(std::string name, std::string prev, std::string summary) {
   return s;
 }
 
+// The FP8 path (fa3_fp8.h): one kernel pair per head dim; the four stages differ only in
+// the pre-kernel's options (the ablation of FA3 Table 3).
+Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa3::Fp8Options opt) {
+  Stage s;
+  s.name = std::move(name);
+  s.prev = std::move(prev);
+  s.summary = std::move(summary);
+  s.min_sm = 90;
+  s.dtypes = {DType::fp8_e4m3};
+  s.head_dims = {128, 256};  // keep in step with fa3_fp8_head_dims in CMakeLists.txt
+  s.gqa = true;
+  s.writes_lse = true;
+  s.compute_bound = true;
+  s.refuse = [](const AttnProblem& p) -> std::string {
+    const fa3::Fp8Workspace ws(p);  // the pre-kernel's grid (64-row Q blocks) is the largest
+    const long long ctas = ws.q_blocks * p.B * p.H;
+    if (ctas > INT_MAX) return "needs " + std::to_string(ctas) + " CTAs; the 1-D grid holds at most 2^31 - 1";
+    if (ws.nk_padded * p.d > INT_MAX) return "Nk too long for the transposed V tensor map";
+    return "";
+  };
+  s.workspace_bytes = [](const AttnProblem& p) { return fa3::Fp8Workspace(p).total; };
+  s.launch = [opt](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+    (p.d == 128 ? fa3::launch_fp8<128> : fa3::launch_fp8<256>)(p, t, opt, stream);
+  };
+  // Attention kernel: FA2's traffic with e = 1 (e4m3 Q, K, V), plus one byte per element
+  // of O (written as bf16); then the pre-kernel's reads and writes.
+  s.model_hbm_bytes = [opt](const AttnProblem& p) {
+    return hbm::fa2_bytes(p, fa3::kFp8BlockRows, fa3::kFp8BlockCols) + double(p.o_elems()) +
+           fa3::fp8_quantize_bytes(p, opt);
+  };
+  return s;
+}
+
 }  // namespace
 
 std::vector<Stage> fa3_stages() {
@@ -67,6 +101,14 @@ std::vector<Stage> fa3_stages() {
                                     "named barriers: one consumer's softmax under the other's GEMMs"),
       make_stage<Variant::fa3>("06d_fa3", "06c_pingpong",
                                "intra-warpgroup overlap: next QK^T and this PV under the softmax"),
+      make_fp8_stage("06_fp8", "", "FP8 e4m3 (QGMMA): block quantization + Hadamard incoherent processing",
+                     {/*block_scales=*/true, /*hadamard=*/true}),
+      make_fp8_stage("06_fp8_no_hadamard", "06_fp8", "FP8 ablation: block scales, no incoherent processing",
+                     {/*block_scales=*/true, /*hadamard=*/false}),
+      make_fp8_stage("06_fp8_per_tensor_hadamard", "06_fp8", "FP8 ablation: one scale per tensor, with Hadamard",
+                     {/*block_scales=*/false, /*hadamard=*/true}),
+      make_fp8_stage("06_fp8_per_tensor", "06_fp8", "FP8 baseline: one scale per tensor, no Hadamard",
+                     {/*block_scales=*/false, /*hadamard=*/false}),
   };
 }
 

@@ -9,6 +9,7 @@ build beyond the library itself:
     k, v = torch.randn_like(q), torch.randn_like(q)
     o = attn_ladder.run("05_fa2_reordered", q, k, v, causal=True)
     o, lse = attn_ladder.run("05_fa2_reordered", q, k, v, return_lse=True)
+    o = attn_ladder.run("06_fp8", q, k, v, fp8=True)  # bf16 in, e4m3 inside, bf16 out
 
 The library is found through $ATTN_LADDER_LIB, else <repo>/build/libattn_ladder.so
 (what `cmake --preset default && cmake --build --preset default` builds).
@@ -30,8 +31,10 @@ __all__ = ["AttnLadderError", "library_path", "rungs", "run"]
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 _DEFAULT_LIB = _REPO / "build" / "libattn_ladder.so"
 
-# attn_problem_t.dtype codes (common/c_api.h). FP8 inputs have no torch entry point here.
+# attn_problem_t.dtype codes (common/c_api.h). The FP8 rungs take bf16 tensors and quantize
+# them to e4m3 themselves: run(..., fp8=True) passes bf16 tensors with code _FP8.
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
+_FP8 = 2
 
 # attn_run return codes (common/c_api.h).
 _OK, _INVALID_INPUT, _CUDA_ERROR, _UNKNOWN_RUNG = 0, 1, 2, 3
@@ -142,12 +145,14 @@ def _check_inputs(q, k, v):
         raise ValueError(f"k/v heads (Hkv={Hkv}) must divide q heads (H={H})")
 
 
-def run(rung, q, k, v, causal=False, scale=None, return_lse=False):
+def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False):
     """O = softmax(scale * Q K^T + mask) V by the named rung; returns O (and lse if asked).
 
     q: [B, H, Nq, d]; k, v: [B, Hkv, Nk, d]; bf16 or fp16, contiguous, one CUDA device.
     scale: softmax scale, default 1/sqrt(d). return_lse: also return the natural-log
     logsumexp per query row, fp32 [B, H, Nq] (left NaN by a rung that does not write it).
+    fp8: run an FP8 rung ("06_fp8", "06_fp8_no_hadamard", ...): q, k, v must be bfloat16;
+    the rung quantizes them to e4m3 (with its workspace) and returns O in bfloat16.
     Runs on torch.cuda.current_stream(). Raises ValueError for bad tensors and
     AttnLadderError (a RuntimeError) with the library's message when the rung refuses
     the problem or CUDA fails.
@@ -155,13 +160,16 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False):
     if not isinstance(rung, str):
         raise ValueError(f"rung must be a name (str), got {type(rung).__name__}")
     _check_inputs(q, k, v)
+    if fp8 and q.dtype != torch.bfloat16:
+        raise ValueError(f"fp8=True takes bfloat16 q, k, v (quantized to e4m3 by the rung), got {q.dtype}")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale must be positive (None means 1/sqrt(d)), got {scale}")
     lib = _load()
 
     B, H, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), _DTYPE_CODES[q.dtype], float(scale or 0.0))
+    problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), _FP8 if fp8 else _DTYPE_CODES[q.dtype],
+                       float(scale or 0.0))
     o = torch.empty_like(q)
     lse = torch.full((B, H, Nq), float("nan"), dtype=torch.float32, device=q.device) if return_lse else None
     err = ctypes.create_string_buffer(_ERR_LEN)

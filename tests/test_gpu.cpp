@@ -14,23 +14,12 @@
 #include "common/harness.h"
 #include "common/hbm_model.h"
 #include "common/tolerance.h"
+#include "tests/gpu_test_util.h"
 
 using namespace attn;
+using namespace attn::testing;
 
 namespace {
-
-class Gpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_device_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    CUDA_CHECK(cudaStreamCreate(&stream_));
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
 
 struct Shape {
   int B, H, Hkv, Nq, Nk, d;
@@ -61,37 +50,6 @@ AttnProblem problem_of(const Shape& s) {
   return p;
 }
 
-bool runs_here(const Stage& s, const AttnProblem& p) {
-  try {
-    validate_problem(s, p);
-    validate_device(s);
-    return true;
-  } catch (const AttnError&) {
-    return false;
-  }
-}
-
-// Checks one rung's output against the reference rows: every element written and
-// finite, relative error within the dtype's bound, lse where the rung writes it.
-void expect_matches_reference(const Stage& s, const RungOutput& out, const ProblemInputs& in,
-                              const std::vector<RowIndex>& rows, const ReferenceRows& ref, cudaStream_t stream) {
-  const AttnProblem& p = in.p;
-  EXPECT_EQ(count_nonfinite(out.o.get(), p.o_elems(), storage_dtype(p.dtype), stream), 0) << "unwritten (poison) or non-finite O";
-  double max_abs = 0;
-  double err = rel_frobenius(gather_o_rows(out, p, rows), ref.o, &max_abs);
-  EXPECT_LE(err, tolerance(p.dtype)) << "vs fp64, max abs error " << max_abs;
-  if (s.writes_lse) {
-    std::vector<double> lse = gather_lse(out, p, rows);
-    for (size_t r = 0; r < rows.size(); ++r) {
-      if (std::isinf(ref.lse[r])) {
-        EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << "row " << rows[r].i << " sees no key: lse " << lse[r];
-      } else {
-        ASSERT_NEAR(lse[r], ref.lse[r], 2e-2 * (1 + std::fabs(ref.lse[r]))) << "lse of row " << rows[r].i;
-      }
-    }
-  }
-}
-
 // ---------------------------------------------------------------- the ladder vs fp64
 
 class Ladder : public Gpu, public ::testing::WithParamInterface<Shape> {};
@@ -113,7 +71,7 @@ TEST_P(Ladder, EveryRungMatchesFp64AndTheRungBelow) {
     for (std::string below = s.prev; !below.empty(); below = find_stage(below).prev)
       if (done.count(below)) {
         double err = rel_frobenius_device(out.o.get(), done[below].o.get(), p.o_elems(), storage_dtype(p.dtype), stream_);
-        EXPECT_LE(err, tolerance(p.dtype)) << "chain check vs " << below;
+        EXPECT_LE(err, chain_tolerance(p.dtype)) << "chain check vs " << below;
         break;
       }
     out.workspace = DeviceBuffer();
@@ -134,6 +92,13 @@ std::vector<Shape> ladder_shapes() {
         shapes.push_back({1, 2, 1, 1000, 113, d, causal, t});
         shapes.push_back({1, 1, 1, 4097, 113, d, causal, t});
       }
+  // The FP8 path (rung 06, d = 128 and 256): same shapes, bf16 tensors quantized inside.
+  for (const Shape& s : std::vector<Shape>(shapes))
+    if (s.dtype == DType::bf16 && s.d >= 128) {
+      Shape f = s;
+      f.dtype = DType::fp8_e4m3;
+      shapes.push_back(f);
+    }
   return shapes;
 }
 
@@ -263,24 +228,27 @@ TEST_F(Gpu, CApiRunsAndReportsErrors) {
 // ---------------------------------------------------------------- races and long sequences
 
 TEST_F(Gpu, RepeatedRunsAreBitIdentical) {
-  for (bool causal : {false, true}) {
-    AttnProblem p;
-    p.B = 2;
-    p.H = 4;
-    p.Hkv = 2;
-    p.Nq = p.Nk = 1000;
-    p.d = 128;
-    p.causal = causal;
-    ProblemInputs in(p, 21, Fill::normal, 0, 1, stream_, false);
-    for (const Stage& s : registry()) {
-      if (!runs_here(s, p)) continue;
-      SCOPED_TRACE(s.name + (causal ? " causal" : ""));
-      RungOutput a = run_rung(s, in, stream_);
-      RungOutput b = run_rung(s, in, stream_);
-      std::vector<unsigned char> ha(a.o.bytes()), hb(b.o.bytes());
-      CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
-      CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
-      EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size()), 0) << "two runs on the same inputs differ: a race";
+  for (DType t : {DType::bf16, DType::fp8_e4m3}) {
+    for (bool causal : {false, true}) {
+      AttnProblem p;
+      p.dtype = t;
+      p.B = 2;
+      p.H = 4;
+      p.Hkv = 2;
+      p.Nq = p.Nk = 1000;
+      p.d = 128;
+      p.causal = causal;
+      ProblemInputs in(p, 21, Fill::normal, 0, 1, stream_, false);
+      for (const Stage& s : registry()) {
+        if (!runs_here(s, p)) continue;
+        SCOPED_TRACE(s.name + (causal ? " causal " : " ") + dtype_name(t));
+        RungOutput a = run_rung(s, in, stream_);
+        RungOutput b = run_rung(s, in, stream_);
+        std::vector<unsigned char> ha(a.o.bytes()), hb(b.o.bytes());
+        CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size()), 0) << "two runs on the same inputs differ: a race";
+      }
     }
   }
 }
@@ -330,6 +298,7 @@ TEST_F(Gpu, SanitizeSmallShapes) {
       p.Nk = c.Nk;
       p.causal = c.causal;
       p.d = s.head_dims.back();
+      p.dtype = s.dtypes.front();
       if (!runs_here(s, p)) continue;
       SCOPED_TRACE(s.name + " " + p.describe());
       ProblemInputs in(p, 41, Fill::normal, 0, 1, stream_, true);

@@ -1,0 +1,333 @@
+// FlashAttention-3 FP8 forward (§3.3): the 06d pipeline (producer warpgroup + K/V ring,
+// two consumer warpgroups, ping-pong at d = 128, intra-warpgroup overlap) on e4m3 tiles.
+// It reuses 06's loads, masking, turn-taking and epilogue (fa3_kernel.cuh); what changes:
+//
+//   - both GEMMs are QGMMA (wgmma ...k32.f32.e4m3.e4m3): 32 keys or dims per instruction;
+//   - V arrives as Vᵀ (keys contiguous; QGMMA reads B K-major only), with its keys
+//     permuted by the pre-kernel so that P needs no register shuffle (fp8_quantize.cuh);
+//   - S_ij is dequantized inside the softmax: scores = q_scale * k_scale_j * (Q̂_i K̂_jᵀ),
+//     the product folded into the exponent's scale (no extra pass over S);
+//   - P_ij is multiplied by 2^8 before rounding to e4m3 (FA3's max offset: the largest
+//     P is 256, so small probabilities stay normal numbers); l_i carries the same factor;
+//   - V's block scale: O_i is kept in units of the current block's v_scale_j, converted
+//     with the rescale that the online softmax does anyway (alpha * v_scale_(j-1) / v_scale_j).
+//
+// Included only by the generated instance TUs (fa3_fp8.cu.in).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "06_fa3_hopper/fa3_fp8.h"
+#include "06_fa3_hopper/fa3_kernel.cuh"
+#include "06_fa3_hopper/fp8_quantize.cuh"
+
+namespace attn::fa3 {
+
+using E4m3 = __nv_fp8_e4m3;
+
+template <int D>
+struct Fp8Config {
+  static constexpr bool kWarpSpecialized = true;
+  // As 06d: ping-pong where the softmax is a large share of the work (d = 128).
+  static constexpr bool kPingpong = D <= 128;
+  static constexpr int kWgThreads = 128;
+  static constexpr int kConsumers = 2;  // consumer warpgroups of 64 query rows each
+  static constexpr int kThreads = kWgThreads * (kConsumers + 1);
+  static constexpr int B_r = kFp8BlockRows;  // query rows per CTA
+  // B_c: keys per K/V block. 128 = one 128-byte swizzle row of Vᵀ; S (64 fp32 registers)
+  // sits beside O (d/2) and P (B_c/4 registers of four e4m3).
+  static constexpr int B_c = kFp8BlockCols;
+  static constexpr int kStages = 2;  // K/V ring depth: deeper hides more load latency, costs smem
+
+  // Tiles are d/128 column chunks of [rows][128 e4m3] = 128-byte rows, swizzled.
+  static constexpr int kChunkCols = 128;
+  static constexpr int kChunks = D / kChunkCols;
+  static constexpr int kSwizzleRowBytes = kChunkCols;
+  static constexpr int kAtomBytes = 8 * kSwizzleRowBytes;  // 8-row swizzle atom: 1024
+  static constexpr int kK = 32;                            // QGMMA K per instruction
+
+  static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D;
+  static constexpr uint32_t kKVBytes = uint32_t(B_c) * D;  // K_j, and V_jᵀ
+
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kWarpsPerWg = kWgThreads / 32;
+  static constexpr int kTurnBarrier = 1;
+  static constexpr int kPOffsetLog2 = 8;  // P = 2^8 exp(S - m): up to 256 of e4m3's 448
+
+  static_assert(D % kChunkCols == 0, "d = 128 or 256: whole 128-byte rows of Q and K");
+  static_assert(B_c == kChunkCols, "a V_jᵀ row of B_c keys is one 128-byte swizzle row");
+  static_assert(kWgThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register budgets");
+};
+
+template <int D>
+struct alignas(1024) Fp8SharedStorage {
+  using Cfg = Fp8Config<D>;
+  E4m3 q[Cfg::kConsumers][kWarpgroupRows * D];  // Q̂_i, one 64-row block per consumer
+  E4m3 k[Cfg::kStages][Cfg::B_c * D];           // K̂_j ring
+  E4m3 vt[Cfg::kStages][D * Cfg::B_c];          // V̂_jᵀ ring: [d][B_c keys]
+  uint64_t q_full;
+  uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
+  uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
+};
+
+struct Fp8Params {
+  CUtensorMap q_map, k_map, vt_map;  // e4m3 [B*H, Nq, d], [B*Hkv, Nk, d], [B*Hkv, d, Nk padded]
+  __nv_bfloat16* o;
+  float* lse;  // may be null
+  const float* q_scale;  // [B*H, q_blocks]
+  const float* k_scale;  // [B*Hkv, kv_blocks]
+  const float* v_scale;  // [B*Hkv, kv_blocks]
+  int q_blocks, kv_blocks;
+  int Nq, Nk, H, Hkv, group, m_blocks;
+  float scale, scale_log2;
+  bool causal;
+};
+
+// Producer (one thread): Q̂_i, then K̂_j and V̂_jᵀ into the ring (as 06's produce, with Vᵀ
+// loaded as one box of d rows x B_c keys).
+template <class Cfg, class Smem>
+__device__ void produce_fp8(Smem& s, const Fp8Params& p, const Tile& t) {
+  load_q<Cfg>(s, p, t);
+  for (int j = 0; j < t.n_blocks; ++j) {
+    const int stage = j % Cfg::kStages;
+    const uint32_t phase = (j / Cfg::kStages) & 1;
+    mbarrier_wait(&s.k_empty[stage], phase ^ 1);
+    load_kv<Cfg>(s.k[stage], &p.k_map, j, t.kv_head, &s.k_full[stage]);
+    mbarrier_wait(&s.v_empty[stage], phase ^ 1);
+    mbarrier_arrive_expect_tx(&s.v_full[stage], Cfg::kKVBytes);
+    tma_load_3d(s.vt[stage], &p.vt_map, j * Cfg::B_c, 0, t.kv_head, &s.v_full[stage]);
+  }
+}
+
+// O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([d rows][B_c keys]).
+template <class Cfg, int D>
+__device__ void gemm_pv_fp8(float (&O)[D / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4], const E4m3* Vt_j) {
+  const uint64_t vt_desc = make_smem_desc(Vt_j, /*unused*/ 16, Cfg::kAtomBytes);
+  pin_registers(O);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
+    Wgmma<E4m3, D>::rs(O, P[kk], desc_advance(vt_desc, kk * Cfg::kK), /*accumulate=*/1);
+  wgmma_commit();
+  pin_registers(O);
+}
+
+// Online softmax on dequantized scores (06's online_softmax with two changes): the raw
+// QGMMA result Ŝ_ij is scaled by dequant = q_scale * k_scale_j (m_i is kept in dequantized
+// units, so blocks with different scales compare), and P_ij carries the factor 2^8.
+template <class Cfg>
+__device__ void online_softmax_fp8(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                   float scale_log2, float dequant) {
+  const float s_log2 = scale_log2 * dequant;  // Ŝ -> log2 units of the softmax
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    float raw_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < Cfg::B_c / 8; ++i) raw_max = fmaxf(raw_max, fmaxf(S[4 * i + 2 * slot], S[4 * i + 2 * slot + 1]));
+    const float m_new = fmaxf(m[slot], quad_max(raw_max) * dequant);
+    const float m_base = (m_new == -INFINITY ? 0.f : m_new) * scale_log2;  // fully masked so far: P = 0, alpha = 0
+    alpha[slot] = exp2_approx(m[slot] * scale_log2 - m_base);
+    m[slot] = m_new;
+    const float shift = float(Cfg::kPOffsetLog2) - m_base;
+    float row_sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < Cfg::B_c / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& s_ij = S[4 * i + 2 * slot + e];
+        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
+        row_sum += s_ij;
+      }
+    l[slot] = alpha[slot] * l[slot] + row_sum;
+  }
+}
+
+// P (fp32 accumulator layout) -> the e4m3 A operand of the P V QGMMA. Per K step of 32 keys
+// the thread holds, for row r (slot 0) and r + 8 (slot 1), keys {2t, 2t+1, 8+2t, 8+2t+1}
+// and the same + 16; register q of the operand is rows r / r+8 (q % 2), keys +0 / +16
+// (q / 2), four bytes. Vᵀ's key order matches (wgmma_key_position), so no shuffle:
+//   P_op[kk][q] = e4m3 {P[4g + 2s], P[4g + 2s + 1], P[4g + 4 + 2s], P[4g + 4 + 2s + 1]},
+//   g = 4 kk + 2 (q / 2), s = q % 2.
+template <class Cfg>
+__device__ void to_operand_fp8(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int g = 4 * kk + 2 * (q / 2), s = q % 2;
+      P_op[kk][q] = pack4_e4m3(P[4 * g + 2 * s], P[4 * g + 2 * s + 1], P[4 * g + 4 + 2 * s], P[4 * g + 4 + 2 * s + 1]);
+    }
+}
+
+// Consumer warpgroup: 06d's software pipeline over K/V blocks for its 64 rows of Q̂_i.
+template <class Cfg, int D, class Smem>
+__device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, int wg) {
+  constexpr int B_c = Cfg::B_c;
+  constexpr float kPOffset = float(1 << Cfg::kPOffsetLog2);  // removed from l_i and O_i at the end
+  const Fragment f;
+  const int wg_row0 = t.row0 + wg * kWarpgroupRows;
+  const E4m3* Q_i = s.q[wg];
+  const TurnTaking<Cfg> turn{wg};
+  // Dequantization scales of this warpgroup's Q block and of the head's K/V blocks. A
+  // warpgroup whose rows all lie past Nq computes on zeros and writes nothing.
+  const float q_scale = p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)];
+  const float* k_scale = p.k_scale + int64_t(t.kv_head) * p.kv_blocks;
+  const float* v_scale = p.v_scale + int64_t(t.kv_head) * p.kv_blocks;
+
+  float O[D / 2];                     // O_i accumulator, in units of v_scale_j
+  float S[B_c / 2];                   // Ŝ_ij, then P_ij in place
+  uint32_t P_op[B_c / Cfg::kK][4];    // P_ij as the e4m3 A operand
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+  float alpha[2];
+  float v_scale_prev = 1.f;  // v_scale of the block whose P V was issued last
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) O[i] = 0.f;
+
+  mbarrier_wait(&s.q_full, 0);
+  turn.start();
+  if (t.n_blocks > 0) {
+    // Block 0: Ŝ_i0 and its softmax alone.
+    mbarrier_wait(&s.k_full[0], 0);
+    turn.wait_turn();
+    gemm_qk<Cfg>(S, Q_i, s.k[0]);
+    turn.pass_turn();
+    wgmma_wait<0>();
+    pin_registers(S);
+    release(&s.k_empty[0]);
+    if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
+    online_softmax_fp8<Cfg>(S, m, l, alpha, p.scale_log2, q_scale * k_scale[0]);
+    to_operand_fp8<Cfg>(S, P_op);
+    v_scale_prev = v_scale[0];
+    for (int j = 1; j < t.n_blocks; ++j) {
+      const int stage = j % Cfg::kStages, prev = (j - 1) % Cfg::kStages;
+      const uint32_t phase = (j / Cfg::kStages) & 1, prev_phase = ((j - 1) / Cfg::kStages) & 1;
+      const float dequant = q_scale * k_scale[j], v_scale_j = v_scale[j];
+      // Issue Ŝ_ij = Q̂_i K̂_jᵀ and O_i += P_i(j-1) V_(j-1); both run during the softmax below.
+      mbarrier_wait(&s.k_full[stage], phase);
+      turn.wait_turn();
+      gemm_qk<Cfg>(S, Q_i, s.k[stage]);
+      mbarrier_wait(&s.v_full[prev], prev_phase);
+      gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[prev]);
+      turn.pass_turn();
+      wgmma_wait<1>();  // Ŝ_ij has landed; the P V is still running
+      pin_registers(S);
+      release(&s.k_empty[stage]);
+      if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
+      online_softmax_fp8<Cfg>(S, m, l, alpha, p.scale_log2, dequant);
+      wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
+      pin_registers(O);
+      release(&s.v_empty[prev]);
+      const float to_units_j = v_scale_prev / v_scale_j;  // O_i from units of v_scale_(j-1) to v_scale_j
+      alpha[0] *= to_units_j;
+      alpha[1] *= to_units_j;
+      rescale<D>(O, alpha);
+      to_operand_fp8<Cfg>(S, P_op);
+      v_scale_prev = v_scale_j;
+    }
+    // The last block's O_i += P V.
+    const int last = (t.n_blocks - 1) % Cfg::kStages;
+    mbarrier_wait(&s.v_full[last], ((t.n_blocks - 1) / Cfg::kStages) & 1);
+    gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[last]);
+    wgmma_wait<0>();
+    pin_registers(O);
+    release(&s.v_empty[last]);
+  }
+  turn.finish();
+  // Back to real units: O_i times the last v_scale, and the 2^8 of P out of O_i and l_i
+  // (exact: a power of two), so that write_output's O / l and lse = m + log l hold.
+  const float o_units[2] = {v_scale_prev / kPOffset, v_scale_prev / kPOffset};
+  rescale<D>(O, o_units);
+  l[0] /= kPOffset;
+  l[1] /= kPOffset;
+  write_output<D, __nv_bfloat16>(O, m, l, f, t.bh, wg_row0, p);
+}
+
+template <int D>
+__global__ void __launch_bounds__(Fp8Config<D>::kThreads, 1) fa3_fp8_forward(const __grid_constant__ Fp8Params p) {
+  using Cfg = Fp8Config<D>;
+  using Smem = Fp8SharedStorage<D>;
+  extern __shared__ uint8_t smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + alignof(Smem) - 1) &
+                                     ~uintptr_t(alignof(Smem) - 1));
+  const Tile t = make_tile<Cfg>(p);
+
+  if (threadIdx.x == 0) {
+    constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
+    mbarrier_init(&s.q_full, 1);
+    for (int i = 0; i < Cfg::kStages; ++i) {
+      mbarrier_init(&s.k_full[i], 1);
+      mbarrier_init(&s.v_full[i], 1);
+      mbarrier_init(&s.k_empty[i], kConsumerWarps);
+      mbarrier_init(&s.v_empty[i], kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / Cfg::kWgThreads;
+  if (wg == 0) {  // producer: one thread issues every copy
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) produce_fp8<Cfg>(s, p, t);
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    consume_fp8<Cfg, D>(s, p, t, wg - 1);
+  }
+}
+
+template <int D>
+void launch_fp8_quantize(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, cudaStream_t stream) {
+  quantize_inputs<D>(p, t, opt, Fp8Workspace(p), stream);
+}
+
+template <int D>
+void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Options& opt, cudaStream_t stream) {
+  using Cfg = Fp8Config<D>;
+  constexpr size_t kSmemBytes = sizeof(Fp8SharedStorage<D>) + alignof(Fp8SharedStorage<D>);
+  static const bool smem_configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(fa3_fp8_forward<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+    return true;
+  }();
+  (void)smem_configured;
+
+  for (const void* ptr : {tensors.q, tensors.k, tensors.v, static_cast<const void*>(tensors.o),
+                          static_cast<const void*>(tensors.workspace)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      throw AttnError("06_fa3_hopper fp8: Q, K, V, O and the workspace must be 16-byte aligned");
+
+  const Fp8Workspace ws(pr);
+  quantize_inputs<D>(pr, tensors, opt, ws, stream);
+
+  char* base = static_cast<char*>(tensors.workspace);
+  constexpr CUtensorMapDataType kType = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // e4m3 bytes
+  constexpr int kE4m3Bytes = 1;
+  Fp8Params p{};
+  p.q_map = make_tensor_map_3d(base + ws.q8, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kE4m3Bytes);
+  p.k_map = make_tensor_map_3d(base + ws.k8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes);
+  // Vᵀ: rows are the d dims, columns the (padded) keys; one box = all d rows x B_c keys.
+  p.vt_map = make_tensor_map_3d(base + ws.vt8, kType, pr.B * pr.Hkv, D, int(ws.nk_padded), D, kE4m3Bytes);
+  p.o = static_cast<__nv_bfloat16*>(tensors.o);
+  p.lse = tensors.lse;
+  p.q_scale = reinterpret_cast<const float*>(base + ws.q_scale);
+  p.k_scale = reinterpret_cast<const float*>(base + ws.k_scale);
+  p.v_scale = reinterpret_cast<const float*>(base + ws.v_scale);
+  p.q_blocks = int(ws.q_blocks);
+  p.kv_blocks = int(ws.kv_blocks);
+  p.Nq = pr.Nq;
+  p.Nk = pr.Nk;
+  p.H = pr.H;
+  p.Hkv = pr.Hkv;
+  p.group = pr.group();
+  p.m_blocks = (pr.Nq + Cfg::B_r - 1) / Cfg::B_r;
+  p.scale = pr.softmax_scale();
+  p.scale_log2 = p.scale * float(M_LOG2E);
+  p.causal = pr.causal;
+
+  const long long ctas = 1LL * p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
+  fa3_fp8_forward<D><<<unsigned(ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn::fa3

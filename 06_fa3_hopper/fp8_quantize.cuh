@@ -1,0 +1,259 @@
+// The FP8 pre-kernel (FA3 §3.3): bf16 Q, K, V -> e4m3 plus one fp32 dequantization scale
+// per block, written into the Stage workspace (layout: Fp8Workspace in fa3_fp8.h).
+//
+//   block quantization    scale = amax(block) / 448 for each Q block of 64 rows and each
+//                         K/V block of B_c rows of one head (per-tensor option: one amax
+//                         over the whole tensor, from a first pass);
+//   incoherent processing Q and K rows times M = diag(s) H_d / sqrt(d), s a fixed random
+//                         sign per column and H_d the Walsh-Hadamard matrix. M is
+//                         orthogonal, so (Q M)(K M)ᵀ = Q Kᵀ exactly; an outlier column is
+//                         spread over all d columns before rounding. O(d log d) per row:
+//                         log2(d) butterfly stages, the first in registers, the rest
+//                         across lanes;
+//   V transposed          Vᵀ [head][d][key], keys contiguous: QGMMA reads B K-major only.
+//                         Inside every 32 keys the order is permuted (wgmma_key_position)
+//                         so that P, as the fp32 accumulator of Q Kᵀ leaves it in registers,
+//                         is already the A operand of P V: the byte permutation of P that
+//                         FA3 does in registers is done here, once, on V's rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "06_fa3_hopper/fa3_fp8.h"
+#include "06_fa3_hopper/hopper.cuh"
+#include "common/check.h"
+
+namespace attn::fa3 {
+
+enum class QuantPass {
+  amax_only,    // per-tensor scales, first pass: fold the block's amax into *tensor_amax
+  block_amax,   // block scales: quantize with the block's own amax
+  tensor_amax,  // per-tensor scales, second pass: quantize with *tensor_amax
+};
+
+struct QuantArgs {
+  const __nv_bfloat16* src;  // [heads, N, D]
+  uint8_t* dst;              // e4m3 [heads, N, D]; for V: Vᵀ [heads, D, n_padded]
+  float* scale;              // [heads, blocks]: the dequantization scale of each block
+  float* tensor_amax;        // one float: written by amax_only, read by tensor_amax
+  int N;                     // rows (tokens) per head
+  int blocks;                // scale blocks per head
+  int64_t n_padded;          // Vᵀ row length (whole B_c blocks); unused for Q and K
+  bool hadamard;
+};
+
+constexpr int kQuantWarps = 4;  // per CTA; one CTA per (head, block)
+constexpr int kQuantThreads = 32 * kQuantWarps;
+
+// A fixed pseudo-random sign per column (an integer hash; any fixed +-1 pattern shared by
+// Q and K keeps Q Kᵀ exact).
+__device__ inline float hadamard_sign(int col) {
+  constexpr uint32_t kMul1 = 0x9E3779B9u, kMul2 = 0x85EBCA6Bu;
+  uint32_t h = uint32_t(col + 1) * kMul1;
+  h = (h ^ (h >> 16)) * kMul2;
+  return (h >> 31) ? -1.f : 1.f;
+}
+
+// Wgmma A-operand column -> key inside a group of 32 keys. The fp32 accumulator gives thread
+// (lane % 4 = t) keys {2t, 2t+1, 8+2t, 8+2t+1} (+16 for the second half); the e4m3 A
+// operand wants that register to hold columns {4t .. 4t+3}. Storing key 8a + 2t + b (+16h)
+// of V at position 4t + 2a + b (+16h) of Vᵀ makes the two agree:
+//
+//   key       0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
+//   position  0 1 4 5 8 9 12 13 2 3 6  7  10 11 14 15   (keys 16-31 likewise, +16)
+__device__ inline int wgmma_key_position(int key) {
+  const int half = key & 16, a = (key >> 3) & 1, t = (key >> 1) & 3, b = key & 1;
+  return (key & ~31) | half | 4 * t | 2 * a | b;
+}
+
+// E = D/32 consecutive bf16 of one row per lane -> fp32, times M when `hadamard`.
+template <int D>
+__device__ void load_row(float (&x)[D / 32], const __nv_bfloat16* row, bool hadamard) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x % 32;
+  if (!row) {  // a row past N: zeros
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = 0.f;
+    return;
+  }
+  __nv_bfloat16 raw[E];
+  if constexpr (E == 4)
+    *reinterpret_cast<uint2*>(raw) = *reinterpret_cast<const uint2*>(row + lane * E);
+  else
+    *reinterpret_cast<uint4*>(raw) = *reinterpret_cast<const uint4*>(row + lane * E);
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = __bfloat162float(raw[e]);
+  if (!hadamard) return;
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= hadamard_sign(lane * E + e);
+#pragma unroll
+  for (int h = 1; h < E; h *= 2)  // butterflies inside the lane: column distance h
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (!(e & h)) {
+        const float a = x[e], b = x[e + h];
+        x[e] = a + b;
+        x[e + h] = a - b;
+      }
+#pragma unroll
+  for (int lanes = 1; lanes < 32; lanes *= 2)  // across lanes: column distance lanes * E
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float other = __shfl_xor_sync(0xffffffffu, x[e], lanes);
+      x[e] = (lane & lanes) ? other - x[e] : x[e] + other;
+    }
+  const float norm = rsqrtf(float(D));  // H_d / sqrt(d) is orthogonal
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= norm;
+}
+
+// Max over the CTA (every thread gets it). Called once per kernel.
+__device__ inline float cta_max(float x) {
+  __shared__ float warp_max[kQuantWarps];
+#pragma unroll
+  for (int lanes = 16; lanes > 0; lanes /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, lanes));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = x;
+  __syncthreads();
+  float m = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kQuantWarps; ++w) m = fmaxf(m, warp_max[w]);
+  return m;
+}
+
+// The block's scale from its amax (or the tensor's). Returns 1/scale, or 0 after an
+// amax_only pass, which quantizes nothing.
+__device__ inline float block_inv_scale(QuantPass pass, float local_amax, const QuantArgs& a) {
+  if (pass == QuantPass::tensor_amax) local_amax = *a.tensor_amax;
+  const float amax = pass == QuantPass::tensor_amax ? local_amax : cta_max(local_amax);
+  if (pass == QuantPass::amax_only) {
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(a.tensor_amax), __float_as_int(amax));  // amax >= 0
+    return 0.f;
+  }
+  const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;  // an all-zero block keeps scale 1
+  if (threadIdx.x == 0) a.scale[blockIdx.x] = scale;
+  return 1.f / scale;
+}
+
+// Q or K: one CTA per (head, block of R rows), one warp per row.
+template <int D, int R>
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows(const QuantArgs a, QuantPass pass) {
+  constexpr int E = D / 32;
+  static_assert(E == 4 || E == 8, "one 8- or 16-byte load per lane: d = 128 or 256");
+  const int head = blockIdx.x / a.blocks, row0 = (blockIdx.x % a.blocks) * R;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const __nv_bfloat16* src = a.src + size_t(head) * a.N * D;
+  auto row_of = [&](int r) { return row0 + r < a.N ? src + size_t(row0 + r) * D : nullptr; };
+
+  float amax = 0.f;
+  if (pass != QuantPass::tensor_amax)
+    for (int r = warp; r < R; r += kQuantWarps) {
+      float x[E];
+      load_row<D>(x, row_of(r), a.hadamard);
+#pragma unroll
+      for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    }
+  const float inv_scale = block_inv_scale(pass, amax, a);
+  if (pass == QuantPass::amax_only) return;
+
+  for (int r = warp; r < R && row0 + r < a.N; r += kQuantWarps) {  // second read of the block: from L2
+    float x[E];
+    load_row<D>(x, row_of(r), a.hadamard);
+    uint32_t packed[E / 4];
+#pragma unroll
+    for (int i = 0; i < E / 4; ++i)
+      packed[i] = hopper::pack4_e4m3(x[4 * i] * inv_scale, x[4 * i + 1] * inv_scale, x[4 * i + 2] * inv_scale,
+                                     x[4 * i + 3] * inv_scale);
+    uint8_t* dst = a.dst + (size_t(head) * a.N + row0 + r) * D + lane * E;
+    if constexpr (E == 4)
+      *reinterpret_cast<uint32_t*>(dst) = packed[0];
+    else
+      *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+  }
+}
+
+// V -> Vᵀ: one CTA per (head, block of B_c keys), one thread per key (no Hadamard on V).
+// The block is transposed through shared memory so that Vᵀ rows are written whole.
+template <int D>
+__global__ void __launch_bounds__(kQuantThreads) quantize_v_transposed(const QuantArgs a, QuantPass pass) {
+  constexpr int R = kFp8BlockCols;
+  constexpr int kVec = 8;  // bf16 per 16-byte load
+  static_assert(R == kQuantThreads, "one thread per key of the block");
+  const int head = blockIdx.x / a.blocks, key0 = (blockIdx.x % a.blocks) * R;
+  const int key = key0 + threadIdx.x;
+  const __nv_bfloat16* row = key < a.N ? a.src + (size_t(head) * a.N + key) * D : nullptr;
+  auto load8 = [&](int c, float (&x)[kVec]) {
+    __nv_bfloat16 raw[kVec];
+    *reinterpret_cast<uint4*>(raw) = row ? *reinterpret_cast<const uint4*>(row + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) x[e] = __bfloat162float(raw[e]);
+  };
+
+  float amax = 0.f;
+  if (pass != QuantPass::tensor_amax)
+    for (int c = 0; c < D; c += kVec) {
+      float x[kVec];
+      load8(c, x);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    }
+  const float inv_scale = block_inv_scale(pass, amax, a);
+  if (pass == QuantPass::amax_only) return;
+
+  __shared__ alignas(16) uint8_t tile[D][R];  // Vᵀ block: [dim][key position]
+  const int pos = wgmma_key_position(threadIdx.x);
+  for (int c = 0; c < D; c += kVec) {
+    float x[kVec];
+    load8(c, x);
+#pragma unroll
+    for (int e = 0; e < kVec; e += 4) {
+      const uint32_t packed = hopper::pack4_e4m3(x[e] * inv_scale, x[e + 1] * inv_scale, x[e + 2] * inv_scale,
+                                                 x[e + 3] * inv_scale);
+#pragma unroll
+      for (int b = 0; b < 4; ++b) tile[c + e + b][pos] = uint8_t(packed >> (8 * b));
+    }
+  }
+  __syncthreads();
+  constexpr int kChunk = 16, kChunksPerRow = R / kChunk;  // 16-byte stores, a Vᵀ row segment per 8 threads
+  uint8_t* dst = a.dst + size_t(head) * D * a.n_padded + key0;
+  for (int i = threadIdx.x; i < D * kChunksPerRow; i += kQuantThreads) {
+    const int dim = i / kChunksPerRow, c = (i % kChunksPerRow) * kChunk;
+    *reinterpret_cast<uint4*>(dst + dim * a.n_padded + c) = *reinterpret_cast<const uint4*>(&tile[dim][c]);
+  }
+}
+
+// The whole pre-kernel: Q, K, V of `t` -> the workspace. Keys past Nk are zero in Vᵀ.
+template <int D>
+void quantize_inputs(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, const Fp8Workspace& ws,
+                     cudaStream_t stream) {
+  char* base = static_cast<char*>(t.workspace);
+  float* amax = reinterpret_cast<float*>(base + ws.amax);
+  auto args = [&](const void* src, size_t dst, size_t scale, int tensor, int n, int64_t blocks, bool hadamard) {
+    return QuantArgs{static_cast<const __nv_bfloat16*>(src), reinterpret_cast<uint8_t*>(base + dst),
+                     reinterpret_cast<float*>(base + scale), amax + tensor, n, int(blocks), ws.nk_padded, hadamard};
+  };
+  const QuantArgs q = args(t.q, ws.q8, ws.q_scale, 0, p.Nq, ws.q_blocks, opt.hadamard);
+  const QuantArgs k = args(t.k, ws.k8, ws.k_scale, 1, p.Nk, ws.kv_blocks, opt.hadamard);
+  const QuantArgs v = args(t.v, ws.vt8, ws.v_scale, 2, p.Nk, ws.kv_blocks, false);
+  const unsigned q_ctas = unsigned(int64_t(p.B) * p.H * ws.q_blocks);  // stages.cu refuses > INT_MAX
+  const unsigned kv_ctas = unsigned(int64_t(p.B) * p.Hkv * ws.kv_blocks);
+  auto run = [&](QuantPass pass) {
+    quantize_rows<D, kFp8QBlockRows><<<q_ctas, kQuantThreads, 0, stream>>>(q, pass);
+    CUDA_CHECK_LAUNCH();
+    quantize_rows<D, kFp8BlockCols><<<kv_ctas, kQuantThreads, 0, stream>>>(k, pass);
+    CUDA_CHECK_LAUNCH();
+    quantize_v_transposed<D><<<kv_ctas, kQuantThreads, 0, stream>>>(v, pass);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (opt.block_scales) {
+    run(QuantPass::block_amax);
+  } else {
+    CUDA_CHECK(cudaMemsetAsync(amax, 0, 3 * sizeof(float), stream));
+    run(QuantPass::amax_only);
+    run(QuantPass::tensor_amax);
+  }
+}
+
+}  // namespace attn::fa3

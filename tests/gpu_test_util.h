@@ -1,0 +1,62 @@
+// Shared by the GPU test files: the skip-without-GPU fixture, "does this rung run this
+// problem here", and the check of one output against the fp64 reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/harness.h"
+#include "common/tolerance.h"
+
+namespace attn::testing {
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_device_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+    CUDA_CHECK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+inline bool runs_here(const Stage& s, const AttnProblem& p) {
+  try {
+    validate_problem(s, p);
+    validate_device(s);
+    return true;
+  } catch (const AttnError&) {
+    return false;
+  }
+}
+
+// Every element written and finite, relative error within the dtype's bound, lse where the
+// rung writes it (-inf for rows that see no key).
+inline void expect_matches_reference(const Stage& s, const RungOutput& out, const ProblemInputs& in,
+                                     const std::vector<RowIndex>& rows, const ReferenceRows& ref,
+                                     cudaStream_t stream) {
+  const AttnProblem& p = in.p;
+  EXPECT_EQ(count_nonfinite(out.o.get(), p.o_elems(), storage_dtype(p.dtype), stream), 0)
+      << "unwritten (poison) or non-finite O";
+  double max_abs = 0;
+  double err = rel_frobenius(gather_o_rows(out, p, rows), ref.o, &max_abs);
+  EXPECT_LE(err, tolerance(p.dtype)) << "vs fp64, max abs error " << max_abs;
+  if (!s.writes_lse) return;
+  std::vector<double> lse = gather_lse(out, p, rows);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (std::isinf(ref.lse[r])) {
+      EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << "row " << rows[r].i << " sees no key: lse " << lse[r];
+    } else {
+      ASSERT_NEAR(lse[r], ref.lse[r], lse_tolerance(p.dtype, ref.lse[r])) << "lse of row " << rows[r].i;
+    }
+  }
+}
+
+}  // namespace attn::testing
