@@ -315,15 +315,7 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
   p.v_scale = reinterpret_cast<const float*>(base + ws.v_scale);
   p.q_blocks = int(ws.q_blocks);
   p.kv_blocks = int(ws.kv_blocks);
-  p.Nq = pr.Nq;
-  p.Nk = pr.Nk;
-  p.H = pr.H;
-  p.Hkv = pr.Hkv;
-  p.group = pr.group();
-  p.m_blocks = (pr.Nq + Cfg::B_r - 1) / Cfg::B_r;
-  p.scale = pr.softmax_scale();
-  p.scale_log2 = p.scale * float(M_LOG2E);
-  p.causal = pr.causal;
+  set_problem<Cfg>(p, pr);
 
   const long long ctas = 1LL * p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
   fa3_fp8_forward<D><<<unsigned(ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);

@@ -483,6 +483,20 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
   }
 }
 
+// The problem's sizes and scales as the kernels read them (Params<T> or Fp8Params).
+template <class Cfg, class Prm>
+void set_problem(Prm& p, const AttnProblem& pr) {
+  p.Nq = pr.Nq;
+  p.Nk = pr.Nk;
+  p.H = pr.H;
+  p.Hkv = pr.Hkv;
+  p.group = pr.group();
+  p.m_blocks = (pr.Nq + Cfg::B_r - 1) / Cfg::B_r;
+  p.scale = pr.softmax_scale();
+  p.scale_log2 = p.scale * float(M_LOG2E);
+  p.causal = pr.causal;
+}
+
 template <Variant V, int D, typename T>
 void launch(const AttnProblem& pr, const AttnTensors& tensors, cudaStream_t stream) {
   using Cfg = Config<V, D, T>;
@@ -505,15 +519,7 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, cudaStream_t stre
   p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c);
   p.o = static_cast<T*>(tensors.o);
   p.lse = tensors.lse;
-  p.Nq = pr.Nq;
-  p.Nk = pr.Nk;
-  p.H = pr.H;
-  p.Hkv = pr.Hkv;
-  p.group = pr.group();
-  p.m_blocks = (pr.Nq + Cfg::B_r - 1) / Cfg::B_r;
-  p.scale = pr.softmax_scale();
-  p.scale_log2 = p.scale * float(M_LOG2E);
-  p.causal = pr.causal;
+  set_problem<Cfg>(p, pr);
 
   const long long ctas = 1LL * p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
   fa3_forward<V, D, T><<<unsigned(ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);
