@@ -250,22 +250,9 @@ __global__ void __launch_bounds__(Fp8Config<D>::kThreads, 1) fa3_fp8_forward(con
   using Cfg = Fp8Config<D>;
   using Smem = Fp8SharedStorage<D>;
   extern __shared__ uint8_t smem_raw[];
-  Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + alignof(Smem) - 1) &
-                                     ~uintptr_t(alignof(Smem) - 1));
+  Smem& s = aligned_shared<Smem>(smem_raw);
   const Tile t = make_tile<Cfg>(p);
-
-  if (threadIdx.x == 0) {
-    constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
-    mbarrier_init(&s.q_full, 1);
-    for (int i = 0; i < Cfg::kStages; ++i) {
-      mbarrier_init(&s.k_full[i], 1);
-      mbarrier_init(&s.v_full[i], 1);
-      mbarrier_init(&s.k_empty[i], kConsumerWarps);
-      mbarrier_init(&s.v_empty[i], kConsumerWarps);
-    }
-    fence_barrier_init();
-  }
-  __syncthreads();
+  init_barriers<Cfg>(s);
 
   const int wg = threadIdx.x / Cfg::kWgThreads;
   if (wg == 0) {  // producer: one thread issues every copy

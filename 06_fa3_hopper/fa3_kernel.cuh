@@ -443,19 +443,17 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, int wg) {
   write_output<D, T>(O, m, l, f, t.bh, wg_row0, p);
 }
 
-// ---------------------------------------------------------------------------------------
-// The kernel: one CTA per (B_r query rows, head, batch).
-// ---------------------------------------------------------------------------------------
+// The dynamic shared memory, aligned for the storage struct (TMA boxes want 128 B, the
+// 128B-swizzled wgmma operands 1024 B); the launch asks for alignof(Smem) bytes extra.
+template <class Smem>
+__device__ inline Smem& aligned_shared(uint8_t* smem_raw) {
+  return *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + alignof(Smem) - 1) &
+                                  ~uintptr_t(alignof(Smem) - 1));
+}
 
-template <Variant V, int D, typename T>
-__global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(const __grid_constant__ Params<T> p) {
-  using Cfg = Config<V, D, T>;
-  using Smem = SharedStorage<Cfg, T, D>;
-  extern __shared__ uint8_t smem_raw[];
-  Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + alignof(Smem) - 1) &
-                                     ~uintptr_t(alignof(Smem) - 1));
-  const Tile t = make_tile<Cfg>(p);
-
+// Thread 0 sets up the Q barrier and the K/V ring's full/empty barriers; everyone waits.
+template <class Cfg, class Smem>
+__device__ inline void init_barriers(Smem& s) {
   if (threadIdx.x == 0) {
     constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
     mbarrier_init(&s.q_full, 1);
@@ -468,6 +466,20 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
     fence_barrier_init();
   }
   __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernel: one CTA per (B_r query rows, head, batch).
+// ---------------------------------------------------------------------------------------
+
+template <Variant V, int D, typename T>
+__global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(const __grid_constant__ Params<T> p) {
+  using Cfg = Config<V, D, T>;
+  using Smem = SharedStorage<Cfg, T, D>;
+  extern __shared__ uint8_t smem_raw[];
+  Smem& s = aligned_shared<Smem>(smem_raw);
+  const Tile t = make_tile<Cfg>(p);
+  init_barriers<Cfg>(s);
 
   if constexpr (Cfg::kWarpSpecialized) {
     const int wg = threadIdx.x / Cfg::kWgThreads;
