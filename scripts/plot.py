@@ -293,7 +293,8 @@ def plot_ladder_bars(rows, dtype, palette, out_dir):
         speedups = [base["time_ms_median"] / at_n[n]["time_ms_median"] for n in names]
         bars = speed_ax.bar(xs, speedups, color=colors, edgecolor="black")
         hatch_peers(bars, names)
-        speed_ax.bar_label(bars, labels=[f"{s:.1f}x" for s in speedups], padding=2, fontsize=12)
+        speed_ax.bar_label(bars, labels=[f"{s:.1f}x" if s >= 1 else f"{s:.2g}x" for s in speedups], padding=2,
+                           fontsize=11)
         speed_ax.set_yscale("log")
         plain_log_labels(speed_ax.yaxis)
         speed_ax.set_ylabel(f"speedup over {base['rung']}")
@@ -302,8 +303,12 @@ def plot_ladder_bars(rows, dtype, palette, out_dir):
         heights = [p if p is not None else 0 for p, _ in percents]
         bars = ceil_ax.bar(xs, heights, color=colors, edgecolor="black")
         hatch_peers(bars, names)
-        ceil_ax.bar_label(bars, labels=[f"{p:.0f}%\n{c}" if p is not None else "n/a" for p, c in percents],
+        ceil_ax.bar_label(bars, labels=[f"{p:.0f}%" if p is not None else "n/a" for p, _ in percents],
                           padding=2, fontsize=11)
+        kinds = {c for p, c in percents if p is not None}
+        ceil_ax.set_title("\n".join(line for kind, line in (("copy BW", "memory-bound rungs: % of copy bandwidth"),
+                                                              ("GEMM", "fused rungs and peers: % of bf16 GEMM"))
+                                     if kind in kinds), fontsize=12)
         ceil_ax.set_ylim(0, max(100, max(heights) * 1.25))
         ceil_ax.set_ylabel("% of measured ceiling")
     for ax, drawn in ((speed_ax, bool(names) and base is not None), (ceil_ax, bool(names))):
