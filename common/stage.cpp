@@ -81,15 +81,17 @@ void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t
 }
 
 void validate_device(const Stage& s) {
-  int dev = 0;
+  int dev = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  int sm = prop.major * 10 + prop.minor;
-  if (sm < s.min_sm) {
+  // Attribute queries are cheap; the full property struct (for the name) only on refusal.
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major * 10 + minor < s.min_sm) {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     std::ostringstream os;
     os << s.name << ": needs compute capability " << s.min_sm / 10 << "." << s.min_sm % 10 << " or newer; "
-       << prop.name << " is " << prop.major << "." << prop.minor;
+       << prop.name << " is " << major << "." << minor;
     throw AttnError(os.str());
   }
 }
