@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "common/attention.h"
+#include "common/device_math.cuh"
 
 namespace attn::softmax_rows {
 
@@ -81,17 +82,7 @@ __device__ inline int64_t first_row() { return (int64_t(blockIdx.x) * blockDim.x
 __device__ inline int64_t row_stride() { return int64_t(gridDim.x) * blockDim.x / kWarpSize; }
 __device__ inline int lane() { return threadIdx.x % kWarpSize; }
 
-__device__ inline float warp_max(float x) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, offset));
-  return x;
-}
-
-__device__ inline float warp_sum(float x) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullWarp, x, offset);
-  return x;
-}
+// Row reductions across the warp: group_max / group_sum (common/device_math.cuh).
 
 // Width elements moved by one load or store instruction.
 template <typename T, int Width>

@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(Walk::Threads) row_sum_exp(ScoreRows rows, con
 #pragma unroll
       for (float S_ij : s) l_i += __expf(S_ij);  // inf once S_ij > ~88.7
     });
-    l_i = warp_sum(l_i);
+    l_i = group_sum(l_i);
     if (lane() == 0) row_sum[r] = l_i;
   }
 }

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(Walk::Threads) row_max(ScoreRows rows, const f
 #pragma unroll
       for (float S_ij : s) m_i = fmaxf(m_i, S_ij);
     });
-    m_i = warp_max(m_i);
+    m_i = group_max(m_i);
     if (lane() == 0) row_max[r] = m_i;
   }
 }
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(Walk::Threads)
 #pragma unroll
       for (float S_ij : s) l_i += __expf(S_ij - m_i);  // every exponent <= 0
     });
-    l_i = warp_sum(l_i);
+    l_i = group_sum(l_i);
     if (lane() == 0) row_sum[r] = l_i;
   }
 }

@@ -19,6 +19,7 @@
 
 #include "03_online_softmax/fused_rowwise.cuh"
 #include "common/check.h"
+#include "common/device_math.cuh"
 #include "common/dtype.cuh"
 
 namespace attn {
@@ -35,16 +36,6 @@ struct Args {
   float scale;         // tau
   bool causal;
 };
-
-__device__ inline float warp_max(float x) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
-  return x;
-}
-
-__device__ inline float warp_sum(float x) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullMask, x, offset);
-  return x;
-}
 
 // The unsigned vector type of a given size, so a row piece moves as one load or store.
 template <int kBytes> struct VectorOf;
@@ -127,10 +118,10 @@ __global__ void __launch_bounds__(kRowsPerCta * kWarpSize)
     }
 
     // online softmax: m_new = max(m, max_c s_c); rescale l and o by exp(m - m_new)
-    const float m_new = fmaxf(m, warp_max(s));  // finite: key j0 is visible
+    const float m_new = fmaxf(m, group_max(s));  // finite: key j0 is visible
     const float alpha = __expf(m - m_new);      // exp(-inf) = 0 on the first chunk
     const float p = __expf(s - m_new);          // 0 for keys past the end
-    l = alpha * l + warp_sum(p);
+    l = alpha * l + group_sum(p);
 #pragma unroll
     for (int k = 0; k < kDimsPerLane; ++k) o[k] *= alpha;
 

@@ -25,12 +25,12 @@
 
 #include "04_fa1_tiled/fa1_tiled.cuh"
 #include "common/check.h"
+#include "common/device_math.cuh"
 #include "common/dtype.cuh"
 
 namespace attn::fa1 {
 
 constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kCopyBytes = 16;  // bytes per vector load/store between HBM and shared memory
 constexpr int kFloatsPerCopy = kCopyBytes / sizeof(float);
 
@@ -54,16 +54,6 @@ struct Args {
 };
 
 // max and sum over the kRowLanes lanes of one softmax row (aligned groups of a warp)
-__device__ inline float row_max(float x) {
-  for (int offset = kRowLanes / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
-  return x;
-}
-
-__device__ inline float row_sum(float x) {
-  for (int offset = kRowLanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullMask, x, offset);
-  return x;
-}
-
 // e^{m_from - m_to}, and 0 when m_from = -inf (a row that has not seen a key yet; then
 // m_to may be -inf as well, and the plain formula would give NaN).
 __device__ inline float rescale(float m_from, float m_to) {
@@ -160,14 +150,14 @@ __device__ void softmax_rows(const Args& a, int64_t i0, int64_t j0, const float*
 
     float m_tilde = -INFINITY;  // stays -inf when no column is visible
     for (int c = lane; c < visible; c += kRowLanes) m_tilde = fmaxf(m_tilde, S_r[c]);
-    m_tilde = row_max(m_tilde);
+    m_tilde = group_max<kRowLanes>(m_tilde);
     float l_tilde = 0.f;
     for (int c = lane; r < a.Br && c < a.Bc; c += kRowLanes) {
       const float p = c < visible ? __expf(S_r[c] - m_tilde) : 0.f;
       P_r[c] = from_float<T>(p);
       l_tilde += p;
     }
-    l_tilde = row_sum(l_tilde);
+    l_tilde = group_sum<kRowLanes>(l_tilde);
 
     if (lane == 0 && live) {
       const float m_new = fmaxf(m_i[r], m_tilde);

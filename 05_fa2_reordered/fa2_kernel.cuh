@@ -204,14 +204,14 @@ __device__ __forceinline__ void online_softmax(float (&S_ij)[Frag<Cfg>::kM][Frag
       // In a masked block a row may have seen no key yet (m = -inf): subtract 0 so that P = 0,
       // not NaN. In an unmasked block every row sees every key, so m is finite.
       const float max_scaled = (kMasked && row_max == -INFINITY) ? 0.f : row_max * scale_log2;
-      const float alpha = ptx::exp2_approx(m_i[mt][half] * scale_log2 - max_scaled);  // e^(m_old - m_new); 0 if m_old = -inf
+      const float alpha = exp2_approx(m_i[mt][half] * scale_log2 - max_scaled);  // e^(m_old - m_new); 0 if m_old = -inf
       m_i[mt][half] = row_max;
       float row_sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float p = ptx::exp2_approx(fmaf(S_ij[mt][nt][2 * half + e], scale_log2, -max_scaled));
+          const float p = exp2_approx(fmaf(S_ij[mt][nt][2 * half + e], scale_log2, -max_scaled));
           S_ij[mt][nt][2 * half + e] = p;
           row_sum += p;
         }
@@ -246,10 +246,10 @@ __device__ __forceinline__ void pack_p(uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kBc 
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
     for (int kk = 0; kk < Cfg::kBc / 16; ++kk) {
-      P_ij[mt][kk][0] = ptx::pack2<T>(S_ij[mt][2 * kk][0], S_ij[mt][2 * kk][1]);
-      P_ij[mt][kk][1] = ptx::pack2<T>(S_ij[mt][2 * kk][2], S_ij[mt][2 * kk][3]);
-      P_ij[mt][kk][2] = ptx::pack2<T>(S_ij[mt][2 * kk + 1][0], S_ij[mt][2 * kk + 1][1]);
-      P_ij[mt][kk][3] = ptx::pack2<T>(S_ij[mt][2 * kk + 1][2], S_ij[mt][2 * kk + 1][3]);
+      P_ij[mt][kk][0] = pack2<T>(S_ij[mt][2 * kk][0], S_ij[mt][2 * kk][1]);
+      P_ij[mt][kk][1] = pack2<T>(S_ij[mt][2 * kk][2], S_ij[mt][2 * kk][3]);
+      P_ij[mt][kk][2] = pack2<T>(S_ij[mt][2 * kk + 1][0], S_ij[mt][2 * kk + 1][1]);
+      P_ij[mt][kk][3] = pack2<T>(S_ij[mt][2 * kk + 1][2], S_ij[mt][2 * kk + 1][3]);
     }
 }
 
@@ -314,7 +314,7 @@ __device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cf
       for (int dt = 0; dt < Frag<Cfg>::kO; ++dt) {
         const int r = warp * Cfg::kWarpRows + mt * 16 + lane / 4 + 8 * half;
         *reinterpret_cast<uint32_t*>(sQ + tile_offset<Cfg>(r, dt) + 2 * (lane % 4)) =
-            ptx::pack2<T>(O_i[mt][dt][2 * half], O_i[mt][dt][2 * half + 1]);
+            pack2<T>(O_i[mt][dt][2 * half], O_i[mt][dt][2 * half + 1]);
       }
   __syncwarp();
   constexpr int kChunksPerRow = D / kChunkElems;

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "common/device_math.cuh"
+
 namespace attn::fa2::ptx {
 
 // Shared-memory address as the 32-bit value PTX instructions expect.
@@ -62,30 +64,6 @@ __device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x on the special-function unit, one MUFU.EX2 (what exp2f compiles to under
-// --use_fast_math; plain exp2f adds a range fix-up for results below 2^-126, which a
-// softmax weight that small does not need: it flushes to 0).
-__device__ inline float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two fp32 values -> one register of two 16-bit elements, x in the low half (the lower
-// column index, as mma fragments expect).
-template <typename T>
-__device__ inline uint32_t pack2(float x, float y);
-
-template <>
-__device__ inline uint32_t pack2<__nv_bfloat16>(float x, float y) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-template <>
-__device__ inline uint32_t pack2<__half>(float x, float y) {
-  __half2 v = __floats2half2_rn(x, y);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+// exp2_approx and pack2 live in common/device_math.cuh (rung 06 uses them too).
 
 }  // namespace attn::fa2::ptx

@@ -15,6 +15,7 @@
 
 #include "06_fa3_hopper/wgmma_ops.cuh"
 #include "common/check.h"
+#include "common/device_math.cuh"
 #include "common/stage.h"
 
 namespace attn::hopper {
@@ -162,26 +163,7 @@ __device__ inline void named_barrier_arrive(int id, int threads) {
 // Device: math
 // ---------------------------------------------------------------------------------------
 
-// 2^x on the special-function unit (softmax works in base 2: exp(x) = 2^(x log2 e)).
-__device__ inline float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two fp32 values -> one 32-bit register of two bf16 / fp16 (low half = first).
-template <typename T>
-__device__ inline uint32_t pack2(float lo, float hi);
-template <>
-__device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-__device__ inline uint32_t pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+// exp2_approx and pack2: common/device_math.cuh.
 
 // Four fp32 values -> one 32-bit register of four e4m3 bytes (byte 0 = first), rounded to
 // nearest and saturated to +-448 (the e4m3 range) instead of overflowing to NaN.
