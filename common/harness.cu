@@ -75,14 +75,15 @@ RungOutput run_rung(const Stage& s, const ProblemInputs& in, cudaStream_t stream
 }
 
 std::vector<double> gather_o_rows(const RungOutput& out, const AttnProblem& p, const std::vector<RowIndex>& rows) {
-  DType t = storage_dtype(p.dtype);
+  // One copy of all of O (a row at a time costs a transfer per row: thousands per problem).
+  std::vector<uint16_t> raw(p.o_elems());
+  CUDA_CHECK(cudaMemcpy(raw.data(), out.o.get(), raw.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  const bool bf16 = storage_dtype(p.dtype) == DType::bf16;
   std::vector<double> result;
   result.reserve(rows.size() * p.d);
-  std::vector<uint16_t> raw(p.d);
   for (const RowIndex& r : rows) {
-    int64_t offset = ((int64_t(r.b) * p.H + r.h) * p.Nq + r.i) * p.d;
-    CUDA_CHECK(cudaMemcpy(raw.data(), out.o.as<uint16_t>() + offset, p.d * 2, cudaMemcpyDeviceToHost));
-    for (float x : to_float(raw, t)) result.push_back(x);
+    const uint16_t* row = raw.data() + ((int64_t(r.b) * p.H + r.h) * p.Nq + r.i) * p.d;
+    for (int c = 0; c < p.d; ++c) result.push_back(bf16 ? bf16_to_float(row[c]) : fp16_to_float(row[c]));
   }
   return result;
 }
