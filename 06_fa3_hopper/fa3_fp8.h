@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "06_fa3_hopper/fa3_launch.h"
 #include "common/attention.h"
 
 namespace attn::fa3 {
@@ -69,7 +70,8 @@ inline double fp8_quantize_bytes(const AttnProblem& p, const Fp8Options& opt) {
 // One instantiation per head dim: fa3_fp8.cu.in. launch_fp8 is the whole Stage launch;
 // launch_fp8_quantize only its pre-kernel (bench/fp8_accuracy --time times it alone).
 template <int D>
-void launch_fp8(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, cudaStream_t stream);
+void launch_fp8(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, Schedule schedule,
+                cudaStream_t stream);
 template <int D>
 void launch_fp8_quantize(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, cudaStream_t stream);
 

@@ -67,7 +67,7 @@ struct alignas(1024) Fp8SharedStorage {
   E4m3 q[Cfg::kConsumers][kWarpgroupRows * D];  // Q̂_i, one 64-row block per consumer
   E4m3 k[Cfg::kStages][Cfg::B_c * D];           // K̂_j ring
   E4m3 vt[Cfg::kStages][D * Cfg::B_c];          // V̂_jᵀ ring: [d][B_c keys]
-  uint64_t q_full;
+  uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
 };
@@ -80,7 +80,7 @@ struct Fp8Params {
   const float* k_scale;  // [B*Hkv, kv_blocks]
   const float* v_scale;  // [B*Hkv, kv_blocks]
   int q_blocks, kv_blocks;
-  int Nq, Nk, H, Hkv, group, m_blocks;
+  int Nq, Nk, H, Hkv, group, m_blocks, n_tiles;
   float scale, scale_log2;
   bool causal;
 };
@@ -89,15 +89,15 @@ struct Fp8Params {
 // loaded as one box of d rows x B_c keys).
 template <class Cfg, class Smem>
 __device__ void produce_fp8(Smem& s, const Fp8Params& p, const Tile& t) {
+  mbarrier_wait(&s.q_empty, (t.seq & 1) ^ 1);
   load_q<Cfg>(s, p, t);
   for (int j = 0; j < t.n_blocks; ++j) {
-    const int stage = j % Cfg::kStages;
-    const uint32_t phase = (j / Cfg::kStages) & 1;
-    mbarrier_wait(&s.k_empty[stage], phase ^ 1);
-    load_kv<Cfg>(s.k[stage], &p.k_map, j, t.kv_head, &s.k_full[stage]);
-    mbarrier_wait(&s.v_empty[stage], phase ^ 1);
-    mbarrier_arrive_expect_tx(&s.v_full[stage], Cfg::kKVBytes);
-    tma_load_3d(s.vt[stage], &p.vt_map, j * Cfg::B_c, 0, t.kv_head, &s.v_full[stage]);
+    const Slot<Cfg> slot(t.kv0 + j);
+    mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
+    load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage]);
+    mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
+    mbarrier_arrive_expect_tx(&s.v_full[slot.stage], Cfg::kKVBytes);
+    tma_load_3d(s.vt[slot.stage], &p.vt_map, j * Cfg::B_c, 0, t.kv_head, &s.v_full[slot.stage]);
   }
 }
 
@@ -163,13 +163,15 @@ __device__ void to_operand_fp8(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[
 
 // Consumer warpgroup: 06d's software pipeline over K/V blocks for its 64 rows of Q̂_i.
 template <class Cfg, int D, class Smem>
-__device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, int wg) {
+__device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const TurnTaking<Cfg>& turn) {
   constexpr int B_c = Cfg::B_c;
   constexpr float kPOffset = float(1 << Cfg::kPOffsetLog2);  // removed from l_i and O_i at the end
   const Fragment f;
-  const int wg_row0 = t.row0 + wg * kWarpgroupRows;
-  const E4m3* Q_i = s.q[wg];
-  const TurnTaking<Cfg> turn{wg};
+  const int wg_row0 = t.row0 + turn.wg * kWarpgroupRows;
+  const E4m3* Q_i = s.q[turn.wg];
+  auto q_done_after = [&](int j) {  // after the tile's last Q K_jᵀ, Q_i's buffer is free
+    if (j == t.n_blocks - 1) release(&s.q_empty);
+  };
   // Dequantization scales of this warpgroup's Q block and of the head's K/V blocks. A
   // warpgroup whose rows all lie past Nq computes on zeros and writes nothing.
   const float q_scale = p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)];
@@ -186,40 +188,42 @@ __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, int wg) 
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) O[i] = 0.f;
 
-  mbarrier_wait(&s.q_full, 0);
-  turn.start();
+  mbarrier_wait(&s.q_full, t.seq & 1);
+  q_done_after(-1);  // a tile with no visible K/V block never reads Q_i
   if (t.n_blocks > 0) {
     // Block 0: Ŝ_i0 and its softmax alone.
-    mbarrier_wait(&s.k_full[0], 0);
+    const Slot<Cfg> first(t.kv0);
+    mbarrier_wait(&s.k_full[first.stage], first.phase);
     turn.wait_turn();
-    gemm_qk<Cfg>(S, Q_i, s.k[0]);
+    gemm_qk<Cfg>(S, Q_i, s.k[first.stage]);
     turn.pass_turn();
     wgmma_wait<0>();
     pin_registers(S);
-    release(&s.k_empty[0]);
+    release(&s.k_empty[first.stage]);
+    q_done_after(0);
     if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
     online_softmax_fp8<Cfg>(S, m, l, alpha, p.scale_log2, q_scale * k_scale[0]);
     to_operand_fp8<Cfg>(S, P_op);
     v_scale_prev = v_scale[0];
     for (int j = 1; j < t.n_blocks; ++j) {
-      const int stage = j % Cfg::kStages, prev = (j - 1) % Cfg::kStages;
-      const uint32_t phase = (j / Cfg::kStages) & 1, prev_phase = ((j - 1) / Cfg::kStages) & 1;
+      const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
       const float dequant = q_scale * k_scale[j], v_scale_j = v_scale[j];
       // Issue Ŝ_ij = Q̂_i K̂_jᵀ and O_i += P_i(j-1) V_(j-1); both run during the softmax below.
-      mbarrier_wait(&s.k_full[stage], phase);
+      mbarrier_wait(&s.k_full[cur.stage], cur.phase);
       turn.wait_turn();
-      gemm_qk<Cfg>(S, Q_i, s.k[stage]);
-      mbarrier_wait(&s.v_full[prev], prev_phase);
-      gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[prev]);
+      gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
+      mbarrier_wait(&s.v_full[prev.stage], prev.phase);
+      gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[prev.stage]);
       turn.pass_turn();
       wgmma_wait<1>();  // Ŝ_ij has landed; the P V is still running
       pin_registers(S);
-      release(&s.k_empty[stage]);
+      release(&s.k_empty[cur.stage]);
+      q_done_after(j);
       if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
       online_softmax_fp8<Cfg>(S, m, l, alpha, p.scale_log2, dequant);
       wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
       pin_registers(O);
-      release(&s.v_empty[prev]);
+      release(&s.v_empty[prev.stage]);
       const float to_units_j = v_scale_prev / v_scale_j;  // O_i from units of v_scale_(j-1) to v_scale_j
       alpha[0] *= to_units_j;
       alpha[1] *= to_units_j;
@@ -228,14 +232,13 @@ __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, int wg) 
       v_scale_prev = v_scale_j;
     }
     // The last block's O_i += P V.
-    const int last = (t.n_blocks - 1) % Cfg::kStages;
-    mbarrier_wait(&s.v_full[last], ((t.n_blocks - 1) / Cfg::kStages) & 1);
-    gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[last]);
+    const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);
+    mbarrier_wait(&s.v_full[last.stage], last.phase);
+    gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[last.stage]);
     wgmma_wait<0>();
     pin_registers(O);
-    release(&s.v_empty[last]);
+    release(&s.v_empty[last.stage]);
   }
-  turn.finish();
   // Back to real units: O_i times the last v_scale, and the 2^8 of P out of O_i and l_i
   // (exact: a power of two), so that write_output's O / l and lse = m + log l hold.
   const float o_units[2] = {v_scale_prev / kPOffset, v_scale_prev / kPOffset};
@@ -251,16 +254,18 @@ __global__ void __launch_bounds__(Fp8Config<D>::kThreads, 1) fa3_fp8_forward(con
   using Smem = Fp8SharedStorage<D>;
   extern __shared__ uint8_t smem_raw[];
   Smem& s = aligned_shared<Smem>(smem_raw);
-  const Tile t = make_tile<Cfg>(p);
   init_barriers<Cfg>(s);
 
   const int wg = threadIdx.x / Cfg::kWgThreads;
   if (wg == 0) {  // producer: one thread issues every copy
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) produce_fp8<Cfg>(s, p, t);
+    if (threadIdx.x == 0) for_each_tile<Cfg>(p, [&](const Tile& t) { produce_fp8<Cfg>(s, p, t); });
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consume_fp8<Cfg, D>(s, p, t, wg - 1);
+    const TurnTaking<Cfg> turn{wg - 1};  // the turns run on from one tile to the next
+    turn.start();
+    for_each_tile<Cfg>(p, [&](const Tile& t) { consume_fp8<Cfg, D>(s, p, t, turn); });
+    turn.finish();
   }
 }
 
@@ -270,7 +275,8 @@ void launch_fp8_quantize(const AttnProblem& p, const AttnTensors& t, const Fp8Op
 }
 
 template <int D>
-void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Options& opt, cudaStream_t stream) {
+void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Options& opt, Schedule schedule,
+                cudaStream_t stream) {
   using Cfg = Fp8Config<D>;
   constexpr size_t kSmemBytes = sizeof(Fp8SharedStorage<D>) + alignof(Fp8SharedStorage<D>);
   static const bool smem_configured = [] {
@@ -304,8 +310,8 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
   p.kv_blocks = int(ws.kv_blocks);
   set_problem<Cfg>(p, pr);
 
-  const long long ctas = 1LL * p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
-  fa3_fp8_forward<D><<<unsigned(ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);
+  const unsigned grid = grid_size(p.n_tiles, schedule, fa3_fp8_forward<D>, Cfg::kThreads, kSmemBytes);
+  fa3_fp8_forward<D><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

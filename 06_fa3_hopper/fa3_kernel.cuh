@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -73,7 +74,7 @@ struct alignas(1024) SharedStorage {  // 128-byte swizzle atoms need 1024-byte a
   T q[Cfg::kConsumers][kWarpgroupRows * D];  // Q_i, one 64-row block per consumer warpgroup
   T k[Cfg::kStages][Cfg::B_c * D];           // K_j ring
   T v[Cfg::kStages][Cfg::B_c * D];           // V_j ring
-  uint64_t q_full;
+  uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
 };
@@ -83,24 +84,28 @@ struct Params {
   CUtensorMap q_map, k_map, v_map;  // [B*H, Nq, d] and [B*Hkv, Nk, d], 128B-swizzled boxes
   T* o;
   float* lse;  // may be null
-  int Nq, Nk, H, Hkv, group, m_blocks;
+  int Nq, Nk, H, Hkv, group, m_blocks, n_tiles;  // n_tiles = m_blocks * B * H
   float scale, scale_log2;  // softmax scale, and scale * log2(e) for exp2
   bool causal;
 };
 
-// The CTA's work: query rows [row0, row0 + B_r) of head bh, against n_blocks K/V blocks.
+// One unit of work: query rows [row0, row0 + B_r) of head bh, against n_blocks K/V blocks.
+// A CTA may do several (Schedule::persistent); `seq` and `kv0` say where this one falls in
+// the CTA's sequence, which is what the barrier phases follow.
 struct Tile {
   int bh;        // b * H + h
   int kv_head;   // b * Hkv + h / group
   int row0;      // first query row
   int n_blocks;  // K/V blocks left of the causal diagonal (all of them without causal)
+  int seq;       // the CTA's tiles before this one: Q barrier phase = seq & 1
+  int kv0;       // the CTA's K/V blocks before this one: block j uses ring slot kv0 + j
 };
 
 template <class Cfg, class Prm>  // Prm: Params<T>, or the FP8 kernel's Fp8Params
-__device__ Tile make_tile(const Prm& p) {
+__device__ Tile make_tile(const Prm& p, int index) {
   Tile t;
-  const int m_block = p.m_blocks - 1 - int(blockIdx.x % p.m_blocks);  // causal: longest rows first
-  t.bh = int(blockIdx.x / p.m_blocks);
+  const int m_block = p.m_blocks - 1 - index % p.m_blocks;  // causal: longest rows first
+  t.bh = index / p.m_blocks;
   t.kv_head = (t.bh / p.H) * p.Hkv + (t.bh % p.H) / p.group;
   t.row0 = m_block * Cfg::B_r;
   t.n_blocks = (p.Nk + Cfg::B_c - 1) / Cfg::B_c;
@@ -110,6 +115,28 @@ __device__ Tile make_tile(const Prm& p) {
   }
   return t;
 }
+
+// The CTA's tiles, in order: blockIdx.x, blockIdx.x + gridDim.x, ... Producer and consumers
+// each walk the same list, so they agree on every tile's ring slots without talking.
+template <class Cfg, class Prm, class Body>
+__device__ void for_each_tile(const Prm& p, Body&& body) {
+  int seq = 0, kv = 0;
+  for (int index = blockIdx.x; index < p.n_tiles; index += gridDim.x) {
+    Tile t = make_tile<Cfg>(p, index);
+    t.seq = seq++;
+    t.kv0 = kv;
+    kv += t.n_blocks;
+    body(t);
+  }
+}
+
+// Ring slot of the CTA's it-th K/V block: stage it mod s, and the parity of the lap.
+template <class Cfg>
+struct Slot {
+  int stage;
+  uint32_t phase;
+  __device__ explicit Slot(int it) : stage(it % Cfg::kStages), phase(uint32_t(it / Cfg::kStages) & 1) {}
+};
 
 // ---------------------------------------------------------------------------------------
 // Loads (the producer's side): TMA copies that complete on the stage's "full" barrier.
@@ -133,18 +160,19 @@ __device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, 
                 j * Cfg::B_c, kv_head, full);
 }
 
-// 06b-d producer (one thread): Q_i once, then K_j and V_j into the ring, each stage reused
-// once every consumer warp released it ("empty" barrier).
+// 06b-d producer (one thread), per tile: Q_i once the consumers are done with the last
+// tile's, then K_j and V_j into the ring, each stage reused once every consumer warp
+// released it ("empty" barriers; on the first lap they pass at once).
 template <class Cfg, typename T, class Smem>
 __device__ void produce(Smem& s, const Params<T>& p, const Tile& t) {
+  mbarrier_wait(&s.q_empty, (t.seq & 1) ^ 1);
   load_q<Cfg>(s, p, t);
   for (int j = 0; j < t.n_blocks; ++j) {
-    const int stage = j % Cfg::kStages;
-    const uint32_t phase = (j / Cfg::kStages) & 1;
-    mbarrier_wait(&s.k_empty[stage], phase ^ 1);  // first lap: passes at once
-    load_kv<Cfg>(s.k[stage], &p.k_map, j, t.kv_head, &s.k_full[stage]);
-    mbarrier_wait(&s.v_empty[stage], phase ^ 1);
-    load_kv<Cfg>(s.v[stage], &p.v_map, j, t.kv_head, &s.v_full[stage]);
+    const Slot<Cfg> slot(t.kv0 + j);
+    mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
+    load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage]);
+    mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
+    load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage]);
   }
 }
 
@@ -334,7 +362,7 @@ struct TurnTaking {
   }
 };
 
-// A consumer warp is done with a ring stage (06b-d): one arrival per warp.
+// A consumer warp is done with a ring stage or with Q_i (06b-d): one arrival per warp.
 __device__ inline void release(uint64_t* empty) {
   if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
 }
@@ -344,12 +372,16 @@ __device__ inline void release(uint64_t* empty) {
 // ---------------------------------------------------------------------------------------
 
 template <class Cfg, int D, typename T, class Smem>
-__device__ void consume(Smem& s, const Params<T>& p, const Tile& t, int wg) {
+__device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTaking<Cfg>& turn) {
   constexpr int B_c = Cfg::B_c;
   const Fragment f;
-  const int wg_row0 = t.row0 + wg * kWarpgroupRows;
-  const T* Q_i = s.q[wg];
-  const TurnTaking<Cfg> turn{wg};
+  const int wg_row0 = t.row0 + turn.wg * kWarpgroupRows;
+  const T* Q_i = s.q[turn.wg];
+  // After the tile's last Q K_jᵀ has landed, Q_i's buffer may take the next tile's Q.
+  auto q_done_after = [&](int j) {
+    if constexpr (Cfg::kWarpSpecialized)
+      if (j == t.n_blocks - 1) release(&s.q_empty);
+  };
 
   float O[D / 2];                       // O_i accumulator (fp32, wgmma layout)
   float S[B_c / 2];                     // S_ij, then P_ij in place
@@ -362,84 +394,87 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, int wg) {
 
   if constexpr (!Cfg::kWarpSpecialized)
     if (threadIdx.x == 0) load_q<Cfg>(s, p, t);  // 06a: the one warpgroup fetches for itself
-  mbarrier_wait(&s.q_full, 0);
-  turn.start();
+  mbarrier_wait(&s.q_full, t.seq & 1);
+  q_done_after(-1);  // a tile with no visible K/V block never reads Q_i
 
   if constexpr (!Cfg::kIntraOverlap) {
     // 06a-c: S = Q K_jᵀ, softmax, O += P V_j, each waited for before the next.
     for (int j = 0; j < t.n_blocks; ++j) {
-      const int stage = j % Cfg::kStages;
-      const uint32_t phase = (j / Cfg::kStages) & 1;
+      const Slot<Cfg> slot(t.kv0 + j);
       if constexpr (!Cfg::kWarpSpecialized)
         if (threadIdx.x == 0) {
-          load_kv<Cfg>(s.k[stage], &p.k_map, j, t.kv_head, &s.k_full[stage]);
-          load_kv<Cfg>(s.v[stage], &p.v_map, j, t.kv_head, &s.v_full[stage]);
+          load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage]);
+          load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage]);
         }
       // S_ij = Q_i K_jᵀ
-      mbarrier_wait(&s.k_full[stage], phase);
+      mbarrier_wait(&s.k_full[slot.stage], slot.phase);
       turn.wait_turn();
-      gemm_qk<Cfg>(S, Q_i, s.k[stage]);
+      gemm_qk<Cfg>(S, Q_i, s.k[slot.stage]);
       turn.pass_turn();
       wgmma_wait<0>();
       pin_registers(S);
-      if constexpr (Cfg::kWarpSpecialized) release(&s.k_empty[stage]);
+      if constexpr (Cfg::kWarpSpecialized) release(&s.k_empty[slot.stage]);
+      q_done_after(j);
       // m_i, P_ij, l_i; O_i *= exp(m_old - m_new)
       if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
       online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);
       rescale<D>(O, alpha);
       to_operand<Cfg, T>(S, P_op);
       // O_i += P_ij V_j
-      mbarrier_wait(&s.v_full[stage], phase);
-      gemm_pv<Cfg, T, D>(O, P_op, s.v[stage]);
+      mbarrier_wait(&s.v_full[slot.stage], slot.phase);
+      gemm_pv<Cfg, T, D>(O, P_op, s.v[slot.stage]);
       wgmma_wait<0>();
       pin_registers(O);
       if constexpr (Cfg::kWarpSpecialized)
-        release(&s.v_empty[stage]);
+        release(&s.v_empty[slot.stage]);
       else
         __syncthreads();  // 06a: all reads of K_j, V_j done before thread 0 overwrites them
     }
+    if constexpr (!Cfg::kWarpSpecialized)
+      __syncthreads();  // 06a: every thread saw this tile's Q_i arrive before thread 0 loads the next
   } else if (t.n_blocks > 0) {
     // 06d: software pipeline over blocks. Block 0: S_i0 and its softmax alone.
-    mbarrier_wait(&s.k_full[0], 0);
+    const Slot<Cfg> first(t.kv0);
+    mbarrier_wait(&s.k_full[first.stage], first.phase);
     turn.wait_turn();
-    gemm_qk<Cfg>(S, Q_i, s.k[0]);
+    gemm_qk<Cfg>(S, Q_i, s.k[first.stage]);
     turn.pass_turn();
     wgmma_wait<0>();
     pin_registers(S);
-    release(&s.k_empty[0]);
+    release(&s.k_empty[first.stage]);
+    q_done_after(0);
     if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
     online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);  // O_i is still 0: nothing to rescale
     to_operand<Cfg, T>(S, P_op);
     for (int j = 1; j < t.n_blocks; ++j) {
-      const int stage = j % Cfg::kStages, prev = (j - 1) % Cfg::kStages;
-      const uint32_t phase = (j / Cfg::kStages) & 1, prev_phase = ((j - 1) / Cfg::kStages) & 1;
+      const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
       // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1); both run during the softmax below.
-      mbarrier_wait(&s.k_full[stage], phase);
+      mbarrier_wait(&s.k_full[cur.stage], cur.phase);
       turn.wait_turn();
-      gemm_qk<Cfg>(S, Q_i, s.k[stage]);
-      mbarrier_wait(&s.v_full[prev], prev_phase);
-      gemm_pv<Cfg, T, D>(O, P_op, s.v[prev]);
+      gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
+      mbarrier_wait(&s.v_full[prev.stage], prev.phase);
+      gemm_pv<Cfg, T, D>(O, P_op, s.v[prev.stage]);
       turn.pass_turn();
       wgmma_wait<1>();  // S_ij has landed; the P V is still running
       pin_registers(S);
-      release(&s.k_empty[stage]);
+      release(&s.k_empty[cur.stage]);
+      q_done_after(j);
       if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
       online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);
       wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
       pin_registers(O);
-      release(&s.v_empty[prev]);
+      release(&s.v_empty[prev.stage]);
       rescale<D>(O, alpha);
       to_operand<Cfg, T>(S, P_op);
     }
     // The last block's O_i += P V.
-    const int last = (t.n_blocks - 1) % Cfg::kStages;
-    mbarrier_wait(&s.v_full[last], ((t.n_blocks - 1) / Cfg::kStages) & 1);
-    gemm_pv<Cfg, T, D>(O, P_op, s.v[last]);
+    const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);
+    mbarrier_wait(&s.v_full[last.stage], last.phase);
+    gemm_pv<Cfg, T, D>(O, P_op, s.v[last.stage]);
     wgmma_wait<0>();
     pin_registers(O);
-    release(&s.v_empty[last]);
+    release(&s.v_empty[last.stage]);
   }
-  turn.finish();
   write_output<D, T>(O, m, l, f, t.bh, wg_row0, p);
 }
 
@@ -457,6 +492,7 @@ __device__ inline void init_barriers(Smem& s) {
   if (threadIdx.x == 0) {
     constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
     mbarrier_init(&s.q_full, 1);
+    mbarrier_init(&s.q_empty, kConsumerWarps);
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbarrier_init(&s.k_full[i], 1);  // the loader's arrive.expect_tx; then the bytes
       mbarrier_init(&s.v_full[i], 1);
@@ -469,7 +505,7 @@ __device__ inline void init_barriers(Smem& s) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The kernel: one CTA per (B_r query rows, head, batch).
+// The kernel: each CTA walks its tiles (B_r query rows, head, batch); see Schedule.
 // ---------------------------------------------------------------------------------------
 
 template <Variant V, int D, typename T>
@@ -478,21 +514,35 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
   using Smem = SharedStorage<Cfg, T, D>;
   extern __shared__ uint8_t smem_raw[];
   Smem& s = aligned_shared<Smem>(smem_raw);
-  const Tile t = make_tile<Cfg>(p);
   init_barriers<Cfg>(s);
 
   if constexpr (Cfg::kWarpSpecialized) {
     const int wg = threadIdx.x / Cfg::kWgThreads;
     if (wg == 0) {  // producer: one thread issues every copy
       setmaxnreg_dec<Cfg::kProducerRegs>();
-      if (threadIdx.x == 0) produce<Cfg>(s, p, t);
+      if (threadIdx.x == 0) for_each_tile<Cfg>(p, [&](const Tile& t) { produce<Cfg>(s, p, t); });
     } else {
       setmaxnreg_inc<Cfg::kConsumerRegs>();
-      consume<Cfg, D>(s, p, t, wg - 1);
+      const TurnTaking<Cfg> turn{wg - 1};  // the turns run on from one tile to the next
+      turn.start();
+      for_each_tile<Cfg>(p, [&](const Tile& t) { consume<Cfg, D>(s, p, t, turn); });
+      turn.finish();
     }
   } else {
-    consume<Cfg, D>(s, p, t, 0);
+    const TurnTaking<Cfg> turn{0};  // no ping-pong: every call is empty
+    for_each_tile<Cfg>(p, [&](const Tile& t) { consume<Cfg, D>(s, p, t, turn); });
   }
+}
+
+// Grid size for a schedule: every tile, or as many CTAs as fit on the GPU at once.
+template <class Kernel>
+unsigned grid_size(long long tiles, Schedule schedule, Kernel kernel, int threads, size_t smem_bytes) {
+  if (schedule == Schedule::one_tile_per_cta) return unsigned(tiles);
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
+  return unsigned(std::min(tiles, 1LL * sms * std::max(per_sm, 1)));
 }
 
 // The problem's sizes and scales as the kernels read them (Params<T> or Fp8Params).
@@ -504,13 +554,14 @@ void set_problem(Prm& p, const AttnProblem& pr) {
   p.Hkv = pr.Hkv;
   p.group = pr.group();
   p.m_blocks = (pr.Nq + Cfg::B_r - 1) / Cfg::B_r;
+  p.n_tiles = p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
   p.scale = pr.softmax_scale();
   p.scale_log2 = p.scale * float(M_LOG2E);
   p.causal = pr.causal;
 }
 
 template <Variant V, int D, typename T>
-void launch(const AttnProblem& pr, const AttnTensors& tensors, cudaStream_t stream) {
+void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule, cudaStream_t stream) {
   using Cfg = Config<V, D, T>;
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
   static const bool smem_configured = [] {  // opt in to > 48 KB of dynamic shared memory, once
@@ -533,8 +584,10 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, cudaStream_t stre
   p.lse = tensors.lse;
   set_problem<Cfg>(p, pr);
 
-  const long long ctas = 1LL * p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
-  fa3_forward<V, D, T><<<unsigned(ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);
+  // 06a has no producer to run ahead into the next tile: one tile per CTA, always.
+  if (!Cfg::kWarpSpecialized) schedule = Schedule::one_tile_per_cta;
+  const unsigned grid = grid_size(p.n_tiles, schedule, fa3_forward<V, D, T>, Cfg::kThreads, kSmemBytes);
+  fa3_forward<V, D, T><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

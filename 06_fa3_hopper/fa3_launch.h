@@ -33,8 +33,17 @@ constexpr int block_cols(Variant v, int d) {
   return d == 256 ? (warp_specialized(v) ? 80 : 64) : d == 128 ? 176 : 128;
 }
 
+// How tiles (B_r query rows of one head) map to CTAs. Every kernel walks its tiles in a
+// loop, so both schedules run the same code; only the grid differs.
+enum class Schedule {
+  one_tile_per_cta,  // grid = all tiles; the hardware starts a new CTA whenever one retires
+  persistent,        // grid = as many CTAs as fit at once (one per SM here); each walks the
+                     // tiles blockIdx.x, blockIdx.x + gridDim.x, ...: the producer loads the
+                     // next tile's Q, K, V while the consumers finish the current one
+};
+
 // One instantiation per (variant, d, element type): fa3_<variant>.cu.in.
 template <Variant V, int D, typename T>
-void launch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
+void launch(const AttnProblem& p, const AttnTensors& t, Schedule schedule, cudaStream_t stream);
 
 }  // namespace attn::fa3

@@ -13,8 +13,19 @@
 namespace attn {
 namespace {
 
+using fa3::Schedule;
 using fa3::Variant;
-using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, cudaStream_t);
+using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t);
+using ScheduleFn = Schedule (*)(const AttnProblem&);
+
+// 06b-c keep one tile per CTA, so that their steps measure only their own idea. 06d walks
+// tiles persistently without a mask; with one, the tiles' work differs (longest rows
+// first), and the hardware's dynamic hand-out of CTAs balances it better than a fixed
+// round-robin over SMs.
+Schedule one_tile(const AttnProblem&) { return Schedule::one_tile_per_cta; }
+Schedule persistent_unless_causal(const AttnProblem& p) {
+  return p.causal ? Schedule::one_tile_per_cta : Schedule::persistent;
+}
 
 template <Variant V, int D>
 LaunchFn for_dtype(DType t) {
@@ -31,7 +42,7 @@ LaunchFn kernel_for(const AttnProblem& p) {
   }
 }
 
-template <Variant V>
+template <Variant V, ScheduleFn kSchedule = one_tile>
 Stage make_stage(std::string name, std::string prev, std::string summary) {
   Stage s;
   s.name = std::move(name);
@@ -49,7 +60,9 @@ Stage make_stage(std::string name, std::string prev, std::string summary) {
     if (ctas > INT_MAX) return "needs " + std::to_string(ctas) + " CTAs; the 1-D grid holds at most 2^31 - 1";
     return "";
   };
-  s.launch = [](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) { kernel_for<V>(p)(p, t, stream); };
+  s.launch = [](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+    kernel_for<V>(p)(p, t, kSchedule(p), stream);
+  };
   s.model_hbm_bytes = [](const AttnProblem& p) {
     return hbm::fa2_bytes(p, fa3::block_rows(V, p.d), fa3::block_cols(V, p.d));
   };
@@ -78,7 +91,7 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   };
   s.workspace_bytes = [](const AttnProblem& p) { return fa3::Fp8Workspace(p).total; };
   s.launch = [opt](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-    (p.d == 128 ? fa3::launch_fp8<128> : fa3::launch_fp8<256>)(p, t, opt, stream);
+    (p.d == 128 ? fa3::launch_fp8<128> : fa3::launch_fp8<256>)(p, t, opt, persistent_unless_causal(p), stream);
   };
   // Attention kernel: FA2's traffic with e = 1 (e4m3 Q, K, V), plus one byte per element
   // of O (written as bf16); then the pre-kernel's reads and writes.
@@ -99,8 +112,12 @@ std::vector<Stage> fa3_stages() {
                                             "producer warpgroup + K/V ring; two consumer warpgroups (setmaxnreg)"),
       make_stage<Variant::pingpong>("06c_pingpong", "06b_warp_specialized",
                                     "named barriers: one consumer's softmax under the other's GEMMs"),
-      make_stage<Variant::fa3>("06d_fa3", "06c_pingpong",
-                               "intra-warpgroup overlap: next QK^T and this PV under the softmax"),
+      make_stage<Variant::fa3, persistent_unless_causal>(
+          "06d_fa3", "06c_pingpong",
+          "intra-warpgroup overlap: next QK^T and this PV under the softmax; persistent CTAs"),
+      // Ablation: 06d with one tile per CTA, as 06a-c (same kernel, full grid).
+      make_stage<Variant::fa3, one_tile>("06d_one_tile_per_cta", "06d_fa3",
+                                         "06d without persistent CTAs: one tile per CTA, no overlap across tiles"),
       make_fp8_stage("06_fp8", "", "FP8 e4m3 (QGMMA): block quantization + Hadamard incoherent processing",
                      {/*block_scales=*/true, /*hadamard=*/true}),
       make_fp8_stage("06_fp8_no_hadamard", "06_fp8", "FP8 ablation: block scales, no incoherent processing",

@@ -31,6 +31,7 @@ const char* kUsage = R"(usage: attn_bench [options]
   --causal 0|1|both   masking                                    [default both]
   --dtype bf16,fp16   element types                              [default bf16]
   --repeats N         timed runs per row (median reported)       [default 20]
+  --warm-seconds S    warm-up per row before timing, seconds      [default 0.3; the clock settles]
   --check             fp64 reference check (full or 64 sampled rows per head)
   --measure-bytes     measured DRAM bytes through CUPTI (needs profiling permission)
   --no-ceilings       skip the copy-bandwidth and GEMM ceilings
@@ -109,6 +110,12 @@ Args parse(int argc, char** argv) {
         usage_error(e.what());
       }
     } else if (f == "--repeats") a.opt.repeats = split_ints(f, value())[0];
+    else if (f == "--warm-seconds") {
+      char* end = nullptr;
+      const std::string v = value();
+      a.opt.warm_seconds = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || a.opt.warm_seconds < 0) usage_error("--warm-seconds needs a number >= 0");
+    }
     else if (f == "--check") a.opt.check_ref = true;
     else if (f == "--measure-bytes") a.opt.measure_bytes = true;
     else if (f == "--no-ceilings") a.ceilings = false;

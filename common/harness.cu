@@ -99,9 +99,14 @@ std::vector<double> gather_lse(const RungOutput& out, const AttnProblem& p, cons
 // ---------------------------------------------------------------- timing and ceilings
 
 Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cudaStream_t stream, int warmup,
-                   int repeats, double max_seconds) {
+                   int repeats, double max_seconds, double warm_seconds) {
+  const auto warm_start = std::chrono::steady_clock::now();
   for (int i = 0; i < warmup; ++i) launch();
   CUDA_CHECK(cudaStreamSynchronize(stream));
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count() < warm_seconds) {
+    launch();
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
@@ -139,7 +144,7 @@ Ceilings measure_ceilings(cudaStream_t stream) {
     DeviceBuffer a(bytes), b(bytes);
     fill_random(a.get(), int64_t(bytes / 2), DType::bf16, 7, Fill::normal, 0, 1, stream);
     Timing t = time_launch([&] { CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream)); },
-                           flusher, stream, 2, 10, 10);
+                           flusher, stream, 2, 10, 10, HarnessOptions{}.warm_seconds);
     c.copy_gbps = 2.0 * bytes / (t.median_ms * 1e-3) / 1e9;
   }
   {  // bf16 GEMM 8192^3 on random data, fp32 accumulate
@@ -157,7 +162,7 @@ Ceilings measure_ceilings(cudaStream_t stream) {
                                     CUDA_R_16BF, n, &beta, C.get(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT));
         },
-        flusher, stream, 3, 10, 10);
+        flusher, stream, 3, 10, 10, HarnessOptions{}.warm_seconds);
     CUBLAS_CHECK(cublasDestroy(h));
     c.gemm_tflops = 2.0 * n * double(n) * n / (t.median_ms * 1e-3) / 1e12;
   }
@@ -237,7 +242,8 @@ std::vector<Row> Harness::run_problem(const AttnProblem& p, const std::vector<co
 
     AttnTensors t = out.tensors(in);
     auto launch = [&] { s->launch(p, t, stream_); };
-    r.t = time_launch(launch, *flusher_, stream_, opt_.warmup, opt_.repeats, opt_.max_seconds_per_rung);
+    r.t = time_launch(launch, *flusher_, stream_, opt_.warmup, opt_.repeats, opt_.max_seconds_per_rung,
+                      opt_.warm_seconds);
     r.tflops = r.model_flops / (r.t.median_ms * 1e-3) / 1e12;
     if (s->launch_softmax_only) {
       Timing sm = time_launch([&] { s->launch_softmax_only(p, t, stream_); }, *flusher_, stream_, opt_.warmup,

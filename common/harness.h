@@ -49,10 +49,18 @@ struct Timing {
   double median_ms = 0, min_ms = 0, max_ms = 0;
   int runs = 0;
 };
-// Warm-up, then `repeats` runs each after an L2 flush, timed with CUDA events around the
-// launch only. A rung slower than max_seconds in total stops early (at least 3 runs).
+// Warm-up (at least `warmup` launches and `warm_seconds` of back-to-back work), then
+// `repeats` runs each after an L2 flush, timed with CUDA events around the launch only. A
+// rung slower than max_seconds in total stops early (at least 3 runs).
+//
+// Why seconds of warm-up: under a power cap the SM clock follows the load with a lag of
+// tenths of a second (on the H200 we measured 1980 MHz idle, 1650 MHz under 06d). Twenty
+// runs of a 1 ms kernel are over before the clock settles, so each row would be timed
+// partly on the clock the previous row left behind, and a ratio between two rows would
+// depend on their order. After the warm-up every row runs at the clock its own kernel
+// sustains.
 Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cudaStream_t stream, int warmup,
-                   int repeats, double max_seconds);
+                   int repeats, double max_seconds, double warm_seconds = 0);
 
 struct Ceilings {
   double copy_gbps = 0;     // device-to-device copy, bytes read + written per second / 1e9
@@ -73,6 +81,7 @@ struct Row {
 
 struct HarnessOptions {
   int warmup = 3;
+  double warm_seconds = 0.3;  // and at least this long (see time_launch)
   int repeats = 20;
   double max_seconds_per_rung = 2.0;  // slow rungs (03b, 04 at large N) stop early, >= 3 runs
   bool check_ref = true;

@@ -3,7 +3,8 @@
 
 Each backend of torch.nn.functional.scaled_dot_product_attention (flash = FlashAttention-2,
 cuDNN, memory-efficient, math) runs the same problems as build/bench/attn_bench and is
-timed the same way: warm-up, then for each repeat an L2 flush (write, then read, a buffer
+timed the same way: warm-up (3 calls, and calls for at least 0.3 s so that the clock
+settles under the power cap), then for each repeat an L2 flush (write, then read, a buffer
 of 2x L2) and CUDA events around the attention call alone; median, min and max. The rows use the
 bench's CSV columns in the bench's order (rung = torch_flash, torch_cudnn, ...).
 
@@ -31,6 +32,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 import warnings
 
 import torch
@@ -64,6 +66,7 @@ PAPER_N = [512, 1024, 2048, 4096, 8192, 16384]
 PAPER_D = [64, 128, 256]
 
 WARMUP = 3
+WARM_SECONDS = 0.3  # and keep launching until this long has passed (common/harness.h: time_launch)
 FLUSH_L2_MULTIPLE = 2  # the flush buffer is this many times L2
 # err_vs_ref, as the harness: every row up to this many multiply-adds, else sampled rows.
 FULL_REF_MACS = 4e9
@@ -229,8 +232,13 @@ class L2Flush:
 def time_call(call, repeats, flush):
     """Median, min, max of `repeats` event-timed calls, each after an L2 flush (ms); stops
     after MAX_SECONDS in total once 3 runs are in, as the harness does."""
+    warm_start = time.perf_counter()
     for _ in range(WARMUP):
         call()
+    torch.cuda.synchronize()
+    while time.perf_counter() - warm_start < WARM_SECONDS:
+        call()
+        torch.cuda.synchronize()
     times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(repeats):

@@ -43,6 +43,9 @@ metrics=(
   sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
   smsp__inst_executed_pipe_tensor_op_gmma.sum
   sm__warps_active.avg.pct_of_peak_sustained_active  # achieved occupancy
+  smsp__issue_active.avg.pct_of_peak_sustained_active  # cycles an instruction issued
+  l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_active  # shared-memory pipe busy
+  l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum  # extra wavefronts from bank conflicts
 )
 kernel_filter=()
 if [[ -n ${PROFILE_KERNELS:-} ]]; then
@@ -62,7 +65,8 @@ raw=$report.csv
 echo "profile.sh: report $report.ncu-rep, raw metrics $raw"
 
 # Summary: one line per kernel name, per-launch means: time, DRAM MB, tensor pipe busy %,
-# wgmma warp instructions (thousands), achieved occupancy %, and the three largest stall
+# wgmma warp instructions (thousands), achieved occupancy %, issue-slot and shared-memory
+# pipe utilization %, bank-conflict wavefronts (thousands), and the three largest stall
 # reasons in warp cycles per issued instruction (WarpStateStats).
 python3 - "$raw" <<'EOF'
 import csv, re, sys
@@ -76,9 +80,12 @@ COLUMNS = {
     "tensor_%": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
     "wgmma_k": "smsp__inst_executed_pipe_tensor_op_gmma.sum",
     "occup_%": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "issue_%": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "smem_%": "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_active",
+    "conflict_k": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
 }
 HARNESS_KERNELS = {"fill_kernel", "nonfinite_kernel", "diff_norm_kernel", "read_kernel"}  # common/device_buffer.cu
-SCALE = {"time_us": 1e-3, "read_MB": 1e-6, "write_MB": 1e-6, "wgmma_k": 1e-3}  # ns -> us, B -> MB, -> thousands
+SCALE = {"time_us": 1e-3, "read_MB": 1e-6, "write_MB": 1e-6, "wgmma_k": 1e-3, "conflict_k": 1e-3}  # ns -> us, B -> MB, -> thousands
 
 def value(text):
     try:

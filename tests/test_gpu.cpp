@@ -253,6 +253,37 @@ TEST_F(Gpu, RepeatedRunsAreBitIdentical) {
   }
 }
 
+// 06d walks several tiles per CTA without a mask (Schedule::persistent); its ablation
+// 06d_one_tile_per_cta runs the same kernel with one tile per CTA. Each tile's arithmetic is
+// the same either way, so the outputs must agree bit for bit, and both must match fp64.
+// The shapes have several times more tiles than an H100/H200 has SMs, ragged ends and GQA.
+TEST_F(Gpu, PersistentCtasMatchOneTilePerCta) {
+  const Stage& persistent = find_stage("06d_fa3");
+  const Stage& one_tile = find_stage("06d_one_tile_per_cta");
+  for (int d : persistent.head_dims)
+    for (DType t : persistent.dtypes)
+      for (auto [Nq, Nk] : {std::pair{700, 700}, std::pair{700, 333}, std::pair{250, 1100}}) {
+        AttnProblem p;
+        p.B = 3;
+        p.H = 20;
+        p.Hkv = 5;
+        p.Nq = Nq;
+        p.Nk = Nk;
+        p.d = d;
+        p.dtype = t;
+        if (!runs_here(persistent, p)) continue;
+        SCOPED_TRACE(p.describe());
+        ProblemInputs in(p, 61 + d + Nk, Fill::normal, 0, 1, stream_, true);
+        RungOutput a = run_rung(persistent, in, stream_), b = run_rung(one_tile, in, stream_);
+        std::vector<unsigned char> ha(a.o.bytes()), hb(b.o.bytes());
+        CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size()), 0) << "persistent and one-tile-per-CTA outputs differ";
+        std::vector<RowIndex> rows = sampled_rows(p, 64);
+        expect_matches_reference(persistent, std::move(a), in, rows, reference_rows(p, in.host, rows), stream_);
+      }
+}
+
 TEST_F(Gpu, LongSequenceRunsWithoutQuadraticMemory) {
   // N = 131072, d = 128: S alone is 64 GiB. Fused rungs must run it; the rungs that keep S
   // and P run it where the GPU has the memory and otherwise refuse with the bytes needed.
@@ -305,6 +336,26 @@ TEST_F(Gpu, SanitizeSmallShapes) {
       std::vector<RowIndex> rows = all_rows(p);
       expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
     }
+}
+
+// More tiles than SMs, so that persistent CTAs (06d, fp8) walk several: the ring and Q
+// barriers change phase from one tile to the next, which the shapes above never reach.
+TEST_F(Gpu, SanitizeManyTilesPerCta) {
+  for (const Stage& s : registry()) {
+    AttnProblem p;
+    p.B = 2;
+    p.H = 100;
+    p.Hkv = 20;
+    p.Nq = 130;
+    p.Nk = 300;
+    p.d = s.head_dims.front();
+    p.dtype = s.dtypes.front();
+    if (s.min_sm < 90 || !runs_here(s, p)) continue;  // the Hopper rungs: their CTAs may walk several tiles
+    SCOPED_TRACE(s.name + " " + p.describe());
+    ProblemInputs in(p, 43, Fill::normal, 0, 1, stream_, true);
+    std::vector<RowIndex> rows = sampled_rows(p, 32);
+    expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
+  }
 }
 
 // ---------------------------------------------------------------- measured HBM bytes
