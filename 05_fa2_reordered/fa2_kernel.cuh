@@ -329,20 +329,13 @@ __device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cf
   }
 }
 
+// One Q block i of head bh: Algorithm 1, lines 4-15.
 template <typename T, class Cfg, bool kDelayedNorm>
-__global__ void __launch_bounds__(Cfg::kThreads) fa2_forward_kernel(const Params<T> p) {
+__device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK, T* sV, int bh, int q_block) {
   constexpr int D = Cfg::kD, B_r = Cfg::kBr, B_c = Cfg::kBc, kStages = Cfg::kStages;
-  extern __shared__ __align__(16) unsigned char smem[];  // cp.async and ldmatrix move 16-byte chunks
-  constexpr int kTileQ = B_r * Cfg::kStride, kTileKV = B_c * Cfg::kStride;  // elements per padded tile
-  T* sQ = reinterpret_cast<T*>(smem);  // [B_r, kStride]
-  T* sK = sQ + kTileQ;                 // kStages x [B_c, kStride]
-  T* sV = sK + kStages * kTileKV;      // kStages x [B_c, kStride]
-
+  constexpr int kTileKV = B_c * Cfg::kStride;  // elements per padded K or V tile
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // blockIdx.x = (b * H + h) * T_r + q_block: the CTAs of one head are adjacent (K, V stay
-  // in L2); with causal masking the last Q blocks see the most keys, so they start first.
-  const int bh = blockIdx.x / p.T_r, q_block = blockIdx.x % p.T_r;
-  const int i = p.causal ? p.T_r - 1 - q_block : q_block;
+  const int i = p.causal ? p.T_r - 1 - q_block : q_block;  // causal: the longest rows first
   const int b = bh / p.H, h = bh % p.H, h_kv = h / p.group;
   const T* Q = p.q + int64_t(bh) * p.Nq * D;
   const T* K = p.k + (int64_t(b) * p.Hkv + h_kv) * p.Nk * D;
@@ -437,7 +430,26 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_forward_kernel(const Params
   write_output<T, Cfg, kDelayedNorm>(O_i, m_i, l_i, sQ, p, bh, row0, warp, lane);  // lines 12-15
 }
 
-template <typename T, class Cfg, bool kDelayedNorm>
+template <typename T, class Cfg, bool kDelayedNorm, bool kOneCtaPerHead>
+__global__ void __launch_bounds__(Cfg::kThreads) fa2_forward_kernel(const Params<T> p) {
+  extern __shared__ __align__(16) unsigned char smem[];  // cp.async and ldmatrix move 16-byte chunks
+  T* sQ = reinterpret_cast<T*>(smem);       // [B_r, kStride]
+  T* sK = sQ + Cfg::kBr * Cfg::kStride;     // kStages x [B_c, kStride]
+  T* sV = sK + Cfg::kStages * Cfg::kBc * Cfg::kStride;  // kStages x [B_c, kStride]
+  if constexpr (!kOneCtaPerHead) {
+    // blockIdx.x = (b * H + h) * T_r + q_block: the CTAs of one head are adjacent (K, V stay
+    // in L2). This grid over the sequence is what FA2's loop order makes possible.
+    attend_q_block<T, Cfg, kDelayedNorm>(p, sQ, sK, sV, blockIdx.x / p.T_r, blockIdx.x % p.T_r);
+  } else {
+    // Ablation: FA1's grid, one CTA per (batch, head), the Q blocks one after another.
+    for (int q_block = 0; q_block < p.T_r; ++q_block) {
+      attend_q_block<T, Cfg, kDelayedNorm>(p, sQ, sK, sV, blockIdx.x, q_block);
+      __syncthreads();  // every warp has written its O rows from sQ before the next Q_i lands there
+    }
+  }
+}
+
+template <typename T, class Cfg, bool kDelayedNorm, bool kOneCtaPerHead>
 void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
   for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
@@ -466,8 +478,8 @@ void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream)
                     std::to_string(Cfg::kSmemBytes) + " bytes of shared memory per block; this GPU allows " +
                     std::to_string(smem_optin));
 
-  const int64_t ctas = int64_t(p.B) * p.H * prm.T_r;  // Stage::refuse keeps this <= INT_MAX
-  auto kernel = fa2_forward_kernel<T, Cfg, kDelayedNorm>;
+  const int64_t ctas = int64_t(p.B) * p.H * (kOneCtaPerHead ? 1 : prm.T_r);  // Stage::refuse: <= INT_MAX
+  auto kernel = fa2_forward_kernel<T, Cfg, kDelayedNorm, kOneCtaPerHead>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
   CUDA_CHECK_LAUNCH();

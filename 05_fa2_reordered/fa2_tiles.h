@@ -37,10 +37,12 @@ using Tile64 = Tile<64, 128, 128, 4, 2>;   // 90 KiB smem: 2 CTAs per SM
 using Tile128 = Tile<128, 128, 64, 4, 2>;  // 102 KiB smem: 2 CTAs per SM
 using Tile256 = Tile<256, 64, 64, 4, 1>;   // 99 KiB smem: 2 CTAs per SM
 
-// Enqueue the forward kernel. kDelayedNorm = false is the ablation that divides O_i by l_i
-// at every step, as FlashAttention-1 does. Defined in fa2_kernel.cuh, instantiated per
-// (head dim, dtype) by the generated fa2_instance_d<d>_<dtype>.cu files.
-template <typename T, class TileCfg, bool kDelayedNorm>
+// Enqueue the forward kernel. Two ablations: kDelayedNorm = false divides O_i by l_i at
+// every step, as FlashAttention-1 does; kOneCtaPerHead launches FA1's grid (B * H CTAs,
+// each walking its head's Q blocks) instead of one CTA per Q block. Defined in
+// fa2_kernel.cuh, instantiated per (head dim, dtype) by the generated
+// fa2_*instance_d<d>_<dtype>.cu files.
+template <typename T, class TileCfg, bool kDelayedNorm, bool kOneCtaPerHead = false>
 void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
 
 }  // namespace attn::fa2
