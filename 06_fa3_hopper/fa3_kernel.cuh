@@ -9,7 +9,8 @@
 //   06c pingpong          + named barriers take turns: one consumer's S GEMM is issued
 //                         while the other runs its softmax.
 //   06d fa3               + intra-warpgroup overlap: S_(j+1) = Q K_(j+1)ᵀ and O += P_j V_j
-//                         are both in flight while the softmax of S_(j+1) runs.
+//                         are both in flight while the softmax of S_(j+1) runs; launched
+//                         persistent without a mask (Schedule in fa3_launch.h).
 //
 // Included only by the generated instance TUs (fa3_<variant>.cu.in).
 #pragma once
