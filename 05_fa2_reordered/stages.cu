@@ -52,14 +52,12 @@ void launch_fa2_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t s
   return launch_delayed<__half>(p, t, stream);
 }
 
-void launch_one_cta_per_head_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.dtype == DType::bf16) return fa2::launch_fa2<__nv_bfloat16, fa2::Tile128, true, true>(p, t, stream);
-  return fa2::launch_fa2<__half, fa2::Tile128, true, true>(p, t, stream);
-}
-
-void launch_no_delay_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.dtype == DType::bf16) return fa2::launch_fa2<__nv_bfloat16, fa2::Tile128, false>(p, t, stream);
-  return fa2::launch_fa2<__half, fa2::Tile128, false>(p, t, stream);
+// The d = 128 ablations: one FA2 change switched off (fa2_tiles.h: launch_fa2).
+template <bool kDelayedNorm, bool kOneCtaPerHead>
+void launch_ablation(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  if (p.dtype == DType::bf16)
+    return fa2::launch_fa2<__nv_bfloat16, fa2::Tile128, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
+  return fa2::launch_fa2<__half, fa2::Tile128, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
 }
 
 }  // namespace
@@ -85,7 +83,7 @@ std::vector<Stage> fa2_stages() {
   no_delay.prev = "05_fa2_reordered";
   no_delay.summary = "05 without delayed normalization (O_i rescaled by 1/l_i every K/V block)";
   no_delay.head_dims = {128};
-  no_delay.launch = launch_no_delay_stage;
+  no_delay.launch = launch_ablation</*kDelayedNorm=*/false, /*kOneCtaPerHead=*/false>;
 
   // Ablation: FA1's grid (one CTA per batch and head) with FA2's loop order inside it, so
   // the grid over the sequence is measured on its own.
@@ -95,7 +93,7 @@ std::vector<Stage> fa2_stages() {
   one_cta.summary = "05 on FA1's grid: one CTA per (batch, head) walks all Q blocks (no sequence parallelism)";
   one_cta.head_dims = {128};
   one_cta.refuse = [](const AttnProblem&) { return std::string(); };  // B * H CTAs always fit the grid
-  one_cta.launch = launch_one_cta_per_head_stage;
+  one_cta.launch = launch_ablation</*kDelayedNorm=*/true, /*kOneCtaPerHead=*/true>;
 
   return {fa2, no_delay, one_cta};
 }

@@ -279,11 +279,7 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
                 cudaStream_t stream) {
   using Cfg = Fp8Config<D>;
   constexpr size_t kSmemBytes = sizeof(Fp8SharedStorage<D>) + alignof(Fp8SharedStorage<D>);
-  static const bool smem_configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(fa3_fp8_forward<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-    return true;
-  }();
-  (void)smem_configured;
+  const int ctas_per_sm = configure_kernel<fa3_fp8_forward<D>>(Cfg::kThreads, kSmemBytes);
 
   for (const void* ptr : {tensors.q, tensors.k, tensors.v, static_cast<const void*>(tensors.o),
                           static_cast<const void*>(tensors.workspace)})
@@ -310,7 +306,7 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
   p.kv_blocks = int(ws.kv_blocks);
   set_problem<Cfg>(p, pr);
 
-  const unsigned grid = grid_size(p.n_tiles, schedule, fa3_fp8_forward<D>, Cfg::kThreads, kSmemBytes);
+  const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
   fa3_fp8_forward<D><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }

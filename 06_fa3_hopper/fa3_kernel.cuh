@@ -535,15 +535,26 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
   }
 }
 
+// Once per kernel, at its first launch: opt in to more than 48 KB of dynamic shared memory
+// and ask how many CTAs of it fit on one SM.
+template <auto kKernel>
+int configure_kernel(int threads, size_t smem_bytes) {
+  static const int ctas_per_sm = [=] {
+    CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem_bytes));
+    return std::max(n, 1);
+  }();
+  return ctas_per_sm;
+}
+
 // Grid size for a schedule: every tile, or as many CTAs as fit on the GPU at once.
-template <class Kernel>
-unsigned grid_size(long long tiles, Schedule schedule, Kernel kernel, int threads, size_t smem_bytes) {
+inline unsigned grid_size(long long tiles, Schedule schedule, int ctas_per_sm) {
   if (schedule == Schedule::one_tile_per_cta) return unsigned(tiles);
-  int device = 0, sms = 0, per_sm = 0;
+  int device = 0, sms = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
-  return unsigned(std::min(tiles, 1LL * sms * std::max(per_sm, 1)));
+  return unsigned(std::min(tiles, 1LL * sms * ctas_per_sm));
 }
 
 // The problem's sizes and scales as the kernels read them (Params<T> or Fp8Params).
@@ -565,11 +576,7 @@ template <Variant V, int D, typename T>
 void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule, cudaStream_t stream) {
   using Cfg = Config<V, D, T>;
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
-  static const bool smem_configured = [] {  // opt in to > 48 KB of dynamic shared memory, once
-    CUDA_CHECK(cudaFuncSetAttribute(fa3_forward<V, D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-    return true;
-  }();
-  (void)smem_configured;
+  const int ctas_per_sm = configure_kernel<fa3_forward<V, D, T>>(Cfg::kThreads, kSmemBytes);
 
   for (const void* ptr : {tensors.q, tensors.k, tensors.v, static_cast<const void*>(tensors.o)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
@@ -585,9 +592,7 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   p.lse = tensors.lse;
   set_problem<Cfg>(p, pr);
 
-  // 06a has no producer to run ahead into the next tile: one tile per CTA, always.
-  if (!Cfg::kWarpSpecialized) schedule = Schedule::one_tile_per_cta;
-  const unsigned grid = grid_size(p.n_tiles, schedule, fa3_forward<V, D, T>, Cfg::kThreads, kSmemBytes);
+  const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
   fa3_forward<V, D, T><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }

@@ -18,7 +18,9 @@ using fa3::Variant;
 using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t);
 using ScheduleFn = Schedule (*)(const AttnProblem&);
 
-// 06b-c keep one tile per CTA, so that their steps measure only their own idea. 06d walks
+// 06a-c keep one tile per CTA, so that their steps measure only their own idea (06a has no
+// producer to run ahead into a next tile; its kernel would walk a persistent grid correctly
+// but serially). 06d walks
 // tiles persistently without a mask; with one, the tiles' work differs (longest rows
 // first), and the hardware's dynamic hand-out of CTAs balances it better than a fixed
 // round-robin over SMs.
