@@ -31,6 +31,20 @@
 //   S tile 2k+1 : c0,c1 (row g, keys 8+2t..) -> a2     c2,c3 (row g+8, keys 8+2t..) -> a3
 //
 // so P_ij becomes the A operand by packing pairs of fp32 into bf16x2/fp16x2 in place.
+//
+// The warp-split ablation (Tile::kSplitKV, WarpSplit::kv_keys: FA1's "split-K", B_r = 32):
+// warp w takes keys 16w..16w+15 of every K_j, V_j for all rows, so each warp holds S_ij,
+// P_ij of every row for its keys and a partial O_i of every row:
+//
+//                    K_j^T and V_j (B_c = 64 keys)
+//           +------------+------------+------------+------------+
+//  Q_i,     |   warp 0   |   warp 1   |   warp 2   |   warp 3   |
+//  all 32   | keys  0-15 | keys 16-31 | keys 32-47 | keys 48-63 |
+//  rows     +------------+------------+------------+------------+
+//             partial O_i  partial O_i  partial O_i  partial O_i   (32 x d each)
+//
+// Per block the warps agree on each row's max through shared memory (cta_row_max); after the
+// loop the 4 partial O_i and l_i, all under that same m_i, are summed (write_output_split_kv).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -118,21 +132,34 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int first_row, 
   }
 }
 
-// Per-warp register tiles: kM 16-row mma tiles of rows; S_ij has B_c / 8 key tiles, O_i d / 8.
+// Per-warp register tiles: kM 16-row mma tiles of rows; S_ij has kWarpKeys / 8 key tiles (all
+// B_c keys, or B_c / warps with split-K), O_i d / 8.
 template <class Cfg>
 struct Frag {
   static constexpr int kM = Cfg::kWarpRows / 16;
-  static constexpr int kS = Cfg::kBc / 8;
+  static constexpr int kS = Cfg::kWarpKeys / 8;
   static constexpr int kO = Cfg::kD / 8;
 };
 
-// S_ij = Q_i K_j^T for this warp's rows (Algorithm 1, line 8), fp32 in C fragments.
+// This warp's part of every S_ij (fa2_tiles.h, WarpSplit): kWarpRows rows of Q_i from
+// warp_first_row, kWarpKeys keys of K_j, V_j from warp_first_key.
+template <class Cfg>
+__device__ __forceinline__ int warp_first_row(int warp) {
+  return Cfg::kSplitKV ? 0 : warp * Cfg::kWarpRows;
+}
+template <class Cfg>
+__device__ __forceinline__ int warp_first_key(int warp) {
+  return Cfg::kSplitKV ? warp * Cfg::kWarpKeys : 0;
+}
+
+// S_ij = Q_i K_j^T for this warp's rows, from row warp_row0 of sQ, and its keys, the first
+// kWarpKeys rows of sK (Algorithm 1, line 8), fp32 in C fragments.
 template <typename T, class Cfg>
 __device__ __forceinline__ void qk_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4], const T* sQ, const T* sK,
-                                        int warp, int lane) {
+                                        int warp_row0, int lane) {
   constexpr int D = Cfg::kD;
   // A = Q_i rows: matrices (rows 0-7 | 8-15) x (chunk 2kk | 2kk+1) -> lane row l % 16, chunk l / 16.
-  const uint32_t q_base = lane_base<Cfg>(sQ, warp * Cfg::kWarpRows + lane % 16, lane / 16);
+  const uint32_t q_base = lane_base<Cfg>(sQ, warp_row0 + lane % 16, lane / 16);
   // B = K_j^T: K_j rows are B's columns, so no transpose. Matrices (keys 0-7, chunk 2kk),
   // (keys 0-7, 2kk+1), (keys 8-15, 2kk), (keys 8-15, 2kk+1) -> key l % 8 + 8 (l / 16), chunk (l / 8) % 2.
   const uint32_t k_base = lane_base<Cfg>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
@@ -149,7 +176,7 @@ __device__ __forceinline__ void qk_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::
 #pragma unroll
     for (int mt = 0; mt < Frag<Cfg>::kM; ++mt) ptx::ldmatrix_x4(a[mt], frag_addr<Cfg>(q_base, mt * 16, kk));
 #pragma unroll
-    for (int np = 0; np < Cfg::kBc / 16; ++np) {
+    for (int np = 0; np < Cfg::kWarpKeys / 16; ++np) {
       uint32_t b[4];
       ptx::ldmatrix_x4(b, frag_addr<Cfg>(k_base, np * 16, kk));
 #pragma unroll
@@ -180,72 +207,129 @@ __device__ __forceinline__ void mask_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>
     }
 }
 
-// Algorithm 1, lines 9-10: m_i^(j) = max(m_i^(j-1), rowmax(S_ij)), P_ij = exp(S_ij - m_i^(j)),
-// l_i^(j) = e^(m_i^(j-1) - m_i^(j)) l_i^(j-1) + rowsum(P_ij), O_i *= e^(m_i^(j-1) - m_i^(j)).
-// P_ij overwrites S_ij. Exponentials are exp2 with scale * log2(e) folded into one FFMA.
-// With kDelayedNorm, l_i is this thread's partial row sum (its 2 columns of each tile):
-// the 4 lanes of a row add theirs once, after the loop. Without it (the FA1-style
-// ablation), O_i and P_ij are divided by the full l_i at every step.
-template <typename T, class Cfg, bool kDelayedNorm, bool kMasked>
-__device__ __forceinline__ void online_softmax(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
-                                               float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
-                                               float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2],
-                                               float scale_log2) {
+// max(init, this warp's keys of row `half` of 16-row tile mt of S_ij): this thread's columns,
+// then the 4 lanes that hold the row.
+template <class Cfg>
+__device__ __forceinline__ float quad_row_max(const float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4], int mt, int half,
+                                              float init) {
+  float row_max = init;
+#pragma unroll
+  for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+    row_max = fmaxf(row_max, fmaxf(S_ij[mt][nt][2 * half], S_ij[mt][nt][2 * half + 1]));
+  row_max = fmaxf(row_max, __shfl_xor_sync(kFullWarp, row_max, 1));  // the 4 lanes of a row
+  return fmaxf(row_max, __shfl_xor_sync(kFullWarp, row_max, 2));
+}
+
+// Split-K only: each warp has seen B_c / warps keys of the block, so the warps exchange their
+// row maxima through shared memory (s_row_max, fp32 [B_r][warps]) and all continue with the max
+// over the whole block: one barrier per block. The next block's writes come after its top
+// barrier, which every warp reaches only once it has read these.
+template <class Cfg>
+__device__ __forceinline__ void cta_row_max(float (&row_max)[Frag<Cfg>::kM][2], float* s_row_max, int lane) {
+  static_assert(Cfg::kWarps == 4, "one float4 of warp maxima per row");
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      if (lane % 4 == 0) s_row_max[(mt * 16 + lane / 4 + 8 * half) * Cfg::kWarps + warp] = row_max[mt][half];
+  __syncthreads();
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float row_max = m_i[mt][half];
-#pragma unroll
-      for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
-        row_max = fmaxf(row_max, fmaxf(S_ij[mt][nt][2 * half], S_ij[mt][nt][2 * half + 1]));
-      row_max = fmaxf(row_max, __shfl_xor_sync(kFullWarp, row_max, 1));  // the 4 lanes of a row
-      row_max = fmaxf(row_max, __shfl_xor_sync(kFullWarp, row_max, 2));
-      // In a masked block a row may have seen no key yet (m = -inf): subtract 0 so that P = 0,
-      // not NaN. In an unmasked block every row sees every key, so m is finite.
-      const float max_scaled = (kMasked && row_max == -INFINITY) ? 0.f : row_max * scale_log2;
-      const float alpha = exp2_approx(m_i[mt][half] * scale_log2 - max_scaled);  // e^(m_old - m_new); 0 if m_old = -inf
-      m_i[mt][half] = row_max;
-      float row_sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2_approx(fmaf(S_ij[mt][nt][2 * half + e], scale_log2, -max_scaled));
-          S_ij[mt][nt][2 * half + e] = p;
-          row_sum += p;
-        }
-      float o_scale = alpha;
-      if constexpr (kDelayedNorm) {
-        l_i[mt][half] = alpha * l_i[mt][half] + row_sum;
-      } else {
-        row_sum += __shfl_xor_sync(kFullWarp, row_sum, 1);
-        row_sum += __shfl_xor_sync(kFullWarp, row_sum, 2);
-        const float l_new = alpha * l_i[mt][half] + row_sum;
-        const float inv_l = l_new > 0.f ? 1.f / l_new : 0.f;
-        o_scale = alpha * l_i[mt][half] * inv_l;  // O_i = diag(l_new)^-1 (diag(l_old) e^(m_old - m_new) O_i + P V)
-        l_i[mt][half] = l_new;
-#pragma unroll
-        for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) S_ij[mt][nt][2 * half + e] *= inv_l;
-      }
-#pragma unroll
-      for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= o_scale;
+      const float4 w = *reinterpret_cast<const float4*>(s_row_max + (mt * 16 + lane / 4 + 8 * half) * Cfg::kWarps);
+      row_max[mt][half] = fmaxf(fmaxf(w.x, w.y), fmaxf(w.z, w.w));
     }
+}
+
+// Algorithm 1, lines 9-10 for row `half` of 16-row tile mt, given m_i^(j) = row_max =
+// max(m_i^(j-1), rowmax(S_ij)): P_ij = exp(S_ij - m_i^(j)),
+// l_i^(j) = e^(m_i^(j-1) - m_i^(j)) l_i^(j-1) + rowsum(P_ij), O_i *= e^(m_i^(j-1) - m_i^(j)).
+// P_ij overwrites S_ij. Exponentials are exp2 with scale * log2(e) folded into one FFMA.
+// With kDelayedNorm, l_i is this thread's partial row sum (its 2 columns of each tile):
+// the 4 lanes of a row (and with split-K the warps) add theirs once, after the loop. Without
+// it (the FA1-style ablation), O_i and P_ij are divided by the full l_i at every step.
+template <typename T, class Cfg, bool kDelayedNorm, bool kMasked>
+__device__ __forceinline__ void softmax_row(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
+                                            float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
+                                            float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2], int mt,
+                                            int half, float row_max, float scale_log2) {
+  // In a masked block a row may have seen no key yet (m = -inf): subtract 0 so that P = 0,
+  // not NaN. In an unmasked block every row sees every key, so m is finite.
+  const float max_scaled = (kMasked && row_max == -INFINITY) ? 0.f : row_max * scale_log2;
+  const float alpha = exp2_approx(m_i[mt][half] * scale_log2 - max_scaled);  // e^(m_old - m_new); 0 if m_old = -inf
+  m_i[mt][half] = row_max;
+  float row_sum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float p = exp2_approx(fmaf(S_ij[mt][nt][2 * half + e], scale_log2, -max_scaled));
+      S_ij[mt][nt][2 * half + e] = p;
+      row_sum += p;
+    }
+  float o_scale = alpha;
+  if constexpr (kDelayedNorm) {
+    l_i[mt][half] = alpha * l_i[mt][half] + row_sum;
+  } else {
+    row_sum += __shfl_xor_sync(kFullWarp, row_sum, 1);
+    row_sum += __shfl_xor_sync(kFullWarp, row_sum, 2);
+    const float l_new = alpha * l_i[mt][half] + row_sum;
+    const float inv_l = l_new > 0.f ? 1.f / l_new : 0.f;
+    o_scale = alpha * l_i[mt][half] * inv_l;  // O_i = diag(l_new)^-1 (diag(l_old) e^(m_old - m_new) O_i + P V)
+    l_i[mt][half] = l_new;
+#pragma unroll
+    for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) S_ij[mt][nt][2 * half + e] *= inv_l;
+  }
+#pragma unroll
+  for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= o_scale;
+}
+
+// Algorithm 1, lines 9-10 for all of this warp's rows. FA2: a row's max is complete within the
+// warp, so each row is finished before the next. Split-K: the warps first agree on the max of
+// every row (cta_row_max, s_row_max), then finish the rows.
+template <typename T, class Cfg, bool kDelayedNorm, bool kMasked>
+__device__ __forceinline__ void online_softmax(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
+                                               float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
+                                               float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2],
+                                               float scale_log2, float* s_row_max, int lane) {
+  if constexpr (!Cfg::kSplitKV) {
+#pragma unroll
+    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        softmax_row<T, Cfg, kDelayedNorm, kMasked>(S_ij, O_i, m_i, l_i, mt, half,
+                                                   quad_row_max<Cfg>(S_ij, mt, half, m_i[mt][half]), scale_log2);
+  } else {
+    static_assert(kDelayedNorm, "split-K sums the warps' l_i after the loop");
+    float row_max[Frag<Cfg>::kM][2];
+#pragma unroll
+    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) row_max[mt][half] = quad_row_max<Cfg>(S_ij, mt, half, m_i[mt][half]);
+    cta_row_max<Cfg>(row_max, s_row_max, lane);
+#pragma unroll
+    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        softmax_row<T, Cfg, kDelayedNorm, kMasked>(S_ij, O_i, m_i, l_i, mt, half, row_max[mt][half], scale_log2);
+  }
 }
 
 // P_ij (fp32, C fragments) -> bf16/fp16 A fragments of the PV product, one per 16-key step
 // (see the fragment map above): the S_ij registers die here, halving what PV keeps live.
 template <typename T, class Cfg>
-__device__ __forceinline__ void pack_p(uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kBc / 16][4],
+__device__ __forceinline__ void pack_p(uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4],
                                        const float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4]) {
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kBc / 16; ++kk) {
+    for (int kk = 0; kk < Cfg::kWarpKeys / 16; ++kk) {
       P_ij[mt][kk][0] = pack2<T>(S_ij[mt][2 * kk][0], S_ij[mt][2 * kk][1]);
       P_ij[mt][kk][1] = pack2<T>(S_ij[mt][2 * kk][2], S_ij[mt][2 * kk][3]);
       P_ij[mt][kk][2] = pack2<T>(S_ij[mt][2 * kk + 1][0], S_ij[mt][2 * kk + 1][1]);
@@ -253,17 +337,18 @@ __device__ __forceinline__ void pack_p(uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kBc 
     }
 }
 
-// O_i += P_ij V_j (Algorithm 1, line 10), P_ij from registers.
+// O_i += P_ij V_j (Algorithm 1, line 10), P_ij from registers; this warp's keys are the
+// first kWarpKeys rows of sV.
 template <typename T, class Cfg>
 __device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
-                                        const uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kBc / 16][4], const T* sV,
+                                        const uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4], const T* sV,
                                         int lane) {
   constexpr int D = Cfg::kD;
   // V_j rows are B's k index, so transpose on load. Matrices (keys 0-7, chunk 2dp),
   // (keys 8-15, 2dp), (keys 0-7, 2dp+1), (keys 8-15, 2dp+1) -> key l % 16, chunk l / 16.
   const uint32_t v_base = lane_base<Cfg>(sV, lane % 16, lane / 16);
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBc / 16; ++kk)
+  for (int kk = 0; kk < Cfg::kWarpKeys / 16; ++kk)
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t b[4];  // B = V_j[keys 16kk.., d 16dp..]
@@ -282,7 +367,7 @@ __device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::k
 template <typename T, class Cfg, bool kDelayedNorm>
 __device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
                                              const float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2],
-                                             T* sQ, const Params<T>& p, int bh, int row0, int warp, int lane) {
+                                             T* sQ, const Params<T>& p, int bh, int row0, int warp_row0, int lane) {
   constexpr int D = Cfg::kD;
   T* O = p.o + int64_t(bh) * p.Nq * D;  // this head's [Nq, D] output
   float* L = p.lse ? p.lse + int64_t(bh) * p.Nq : nullptr;
@@ -295,7 +380,7 @@ __device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cf
         l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums of the row
         l += __shfl_xor_sync(kFullWarp, l, 2);
       }
-      const int row = row0 + warp * Cfg::kWarpRows + mt * 16 + lane / 4 + 8 * half;
+      const int row = row0 + warp_row0 + mt * 16 + lane / 4 + 8 * half;
       if (L && lane % 4 == 0 && row < p.Nq) L[row] = l > 0.f ? m_i[mt][half] * p.scale + logf(l) : -INFINITY;
       if constexpr (kDelayedNorm) {
         const float inv_l = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: O = 0
@@ -312,7 +397,7 @@ __device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cf
     for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int dt = 0; dt < Frag<Cfg>::kO; ++dt) {
-        const int r = warp * Cfg::kWarpRows + mt * 16 + lane / 4 + 8 * half;
+        const int r = warp_row0 + mt * 16 + lane / 4 + 8 * half;
         *reinterpret_cast<uint32_t*>(sQ + tile_offset<Cfg>(r, dt) + 2 * (lane % 4)) =
             pack2<T>(O_i[mt][dt][2 * half], O_i[mt][dt][2 * half + 1]);
       }
@@ -322,16 +407,76 @@ __device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cf
   const int chunk = lane % kChunksPerRow;
 #pragma unroll
   for (int pass = 0; pass < Cfg::kWarpRows / kRowsPerPass; ++pass) {
-    const int r = warp * Cfg::kWarpRows + lane / kChunksPerRow + pass * kRowsPerPass;
+    const int r = warp_row0 + lane / kChunksPerRow + pass * kRowsPerPass;
     if (row0 + r < p.Nq)
       *reinterpret_cast<uint4*>(O + int64_t(row0 + r) * D + chunk * kChunkElems) =
           *reinterpret_cast<const uint4*>(sQ + tile_offset<Cfg>(r, chunk));
   }
 }
 
-// One Q block i of head bh: Algorithm 1, lines 4-15.
+// Split-K, lines 12-15: each warp holds a partial O_i and l_i over its keys, all under the
+// same m_i (cta_row_max), so they add without rescaling. Every warp writes its partials to
+// shared memory (fp32, over the K/V buffers, free after the loop); then warp w sums the
+// kWarps partials of rows w, w + kWarps, ..., divides by l_i and writes O_i and L_i, lane l
+// columns 4l..4l+3 of every 128 (16-byte shared loads, 8-byte global stores).
+template <typename T, class Cfg>
+__device__ __forceinline__ void write_output_split_kv(const float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
+                                                      const float (&m_i)[Frag<Cfg>::kM][2],
+                                                      const float (&l_i)[Frag<Cfg>::kM][2], float* s_partial_o,
+                                                      float* s_stats, const Params<T>& p, int bh, int row0, int lane) {
+  constexpr int D = Cfg::kD, B_r = Cfg::kBr, kWarps = Cfg::kWarps, kPitch = Cfg::kPartialOStride;
+  constexpr int kLaneCols = 4, kPassCols = 32 * kLaneCols;  // one float4 per lane: a warp covers 128 columns
+  static_assert(D % kPassCols == 0, "a warp covers a row in whole passes");
+  const int warp = threadIdx.x / 32;
+  float* s_row_sum = s_stats;          // [B_r][warps], where the row maxima were
+  float* s_m = s_stats + B_r * kWarps;  // [B_r]
+  __syncthreads();  // every warp is done with K_j, V_j (overwritten below) and the row maxima
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float l = l_i[mt][half];
+      l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums: this warp's keys of the row
+      l += __shfl_xor_sync(kFullWarp, l, 2);
+      const int r = mt * 16 + lane / 4 + 8 * half;
+      if (lane % 4 == 0) {
+        s_row_sum[r * kWarps + warp] = l;
+        if (warp == 0) s_m[r] = m_i[mt][half];  // the same in every warp
+      }
+#pragma unroll
+      for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+        *reinterpret_cast<float2*>(s_partial_o + (warp * B_r + r) * kPitch + dt * 8 + 2 * (lane % 4)) =
+            make_float2(O_i[mt][dt][2 * half], O_i[mt][dt][2 * half + 1]);
+    }
+  __syncthreads();
+  T* O = p.o + int64_t(bh) * p.Nq * D;  // this head's [Nq, D] output
+  for (int r = warp; r < B_r && row0 + r < p.Nq; r += kWarps) {
+    float l = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) l += s_row_sum[r * kWarps + w];
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: O = 0
+#pragma unroll
+    for (int c = kLaneCols * lane; c < D; c += kPassCols) {
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float4 part = *reinterpret_cast<const float4*>(s_partial_o + (w * B_r + r) * kPitch + c);
+        o.x += part.x;
+        o.y += part.y;
+        o.z += part.z;
+        o.w += part.w;
+      }
+      *reinterpret_cast<uint2*>(O + int64_t(row0 + r) * D + c) =
+          make_uint2(pack2<T>(o.x * inv_l, o.y * inv_l), pack2<T>(o.z * inv_l, o.w * inv_l));
+    }
+    if (p.lse && lane == 0) p.lse[int64_t(bh) * p.Nq + row0 + r] = l > 0.f ? s_m[r] * p.scale + logf(l) : -INFINITY;
+  }
+}
+
+// One Q block i of head bh: Algorithm 1, lines 4-15. s_stats: split-K only.
 template <typename T, class Cfg, bool kDelayedNorm>
-__device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK, T* sV, int bh, int q_block) {
+__device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK, T* sV, float* s_stats, int bh,
+                                               int q_block) {
   constexpr int D = Cfg::kD, B_r = Cfg::kBr, B_c = Cfg::kBc, kStages = Cfg::kStages;
   constexpr int kTileKV = B_c * Cfg::kStride;  // elements per padded K or V tile
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -405,11 +550,11 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
       }
     }
     ptx::cp_async_commit();
-    const T* K_j = sK + (j % kStages) * kTileKV;
-    const T* V_j = sV + (j % kStages) * kTileKV;
+    const T* K_j = sK + (j % kStages) * kTileKV + warp_first_key<Cfg>(warp) * Cfg::kStride;  // this warp's keys
+    const T* V_j = sV + (j % kStages) * kTileKV + warp_first_key<Cfg>(warp) * Cfg::kStride;
 
     float S_ij[Frag<Cfg>::kM][Frag<Cfg>::kS][4];
-    qk_tile<T, Cfg>(S_ij, sQ, K_j, warp, lane);  // line 8: S_ij = Q_i K_j^T
+    qk_tile<T, Cfg>(S_ij, sQ, K_j, warp_first_row<Cfg>(warp), lane);  // line 8: S_ij = Q_i K_j^T
     if constexpr (kStages == 1) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V_j landed; every warp is done reading K_j
@@ -417,17 +562,20 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
       ptx::cp_async_commit();
     }
     if (j < unmasked_blocks) {
-      online_softmax<T, Cfg, kDelayedNorm, false>(S_ij, O_i, m_i, l_i, p.scale_log2);  // lines 9-10
+      online_softmax<T, Cfg, kDelayedNorm, false>(S_ij, O_i, m_i, l_i, p.scale_log2, s_stats, lane);  // lines 9-10
     } else {  // block crosses the causal diagonal or the end of K
-      mask_tile<T, Cfg>(S_ij, p, row0 + warp * Cfg::kWarpRows, j * B_c, lane);
-      online_softmax<T, Cfg, kDelayedNorm, true>(S_ij, O_i, m_i, l_i, p.scale_log2);
+      mask_tile<T, Cfg>(S_ij, p, row0 + warp_first_row<Cfg>(warp), j * B_c + warp_first_key<Cfg>(warp), lane);
+      online_softmax<T, Cfg, kDelayedNorm, true>(S_ij, O_i, m_i, l_i, p.scale_log2, s_stats, lane);
     }
-    uint32_t P_ij[Frag<Cfg>::kM][B_c / 16][4];
+    uint32_t P_ij[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4];
     pack_p<T, Cfg>(P_ij, S_ij);
     pv_tile<T, Cfg>(O_i, P_ij, V_j, lane);  // line 10: O_i += P_ij V_j
   }
 
-  write_output<T, Cfg, kDelayedNorm>(O_i, m_i, l_i, sQ, p, bh, row0, warp, lane);  // lines 12-15
+  if constexpr (Cfg::kSplitKV)  // lines 12-15
+    write_output_split_kv<T, Cfg>(O_i, m_i, l_i, reinterpret_cast<float*>(sK), s_stats, p, bh, row0, lane);
+  else
+    write_output<T, Cfg, kDelayedNorm>(O_i, m_i, l_i, sQ, p, bh, row0, warp_first_row<Cfg>(warp), lane);
 }
 
 template <typename T, class Cfg, bool kDelayedNorm, bool kOneCtaPerHead>
@@ -436,14 +584,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_forward_kernel(const Params
   T* sQ = reinterpret_cast<T*>(smem);       // [B_r, kStride]
   T* sK = sQ + Cfg::kBr * Cfg::kStride;     // kStages x [B_c, kStride]
   T* sV = sK + Cfg::kStages * Cfg::kBc * Cfg::kStride;  // kStages x [B_c, kStride]
+  float* s_stats = reinterpret_cast<float*>(sV + Cfg::kStages * Cfg::kBc * Cfg::kStride);  // split-K: kStatsBytes
   if constexpr (!kOneCtaPerHead) {
     // blockIdx.x = (b * H + h) * T_r + q_block: the CTAs of one head are adjacent (K, V stay
     // in L2). This grid over the sequence is what FA2's loop order makes possible.
-    attend_q_block<T, Cfg, kDelayedNorm>(p, sQ, sK, sV, blockIdx.x / p.T_r, blockIdx.x % p.T_r);
+    attend_q_block<T, Cfg, kDelayedNorm>(p, sQ, sK, sV, s_stats, blockIdx.x / p.T_r, blockIdx.x % p.T_r);
   } else {
     // Ablation: FA1's grid, one CTA per (batch, head), the Q blocks one after another.
     for (int q_block = 0; q_block < p.T_r; ++q_block) {
-      attend_q_block<T, Cfg, kDelayedNorm>(p, sQ, sK, sV, blockIdx.x, q_block);
+      attend_q_block<T, Cfg, kDelayedNorm>(p, sQ, sK, sV, s_stats, blockIdx.x, q_block);
       __syncthreads();  // every warp has written its O rows from sQ before the next Q_i lands there
     }
   }

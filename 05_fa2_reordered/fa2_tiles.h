@@ -8,27 +8,44 @@
 
 namespace attn::fa2 {
 
+// How the warps of a CTA share one (Q_i, K_j) step.
+enum class WarpSplit {
+  q_rows,   // FA2: warp w owns B_r / warps rows of Q_i (and of S_ij, P_ij, O_i) and reads all of K_j, V_j
+  kv_keys,  // FA1's "split-K": warp w takes B_c / warps keys of K_j, V_j for all B_r rows; the warps
+            // agree on each block's row max and sum their partial O_i through shared memory
+};
+
 template <int kD_,       // head dim d: each row of Q, K, V, O is d elements
           int kBr_,      // B_r, Q rows per CTA: larger reuses each K_j/V_j more, costs O_i registers
           int kBc_,      // B_c, K/V rows per step: larger amortizes the softmax, costs S_ij registers and smem
-          int kWarps_,   // warps per CTA, each owning B_r/kWarps rows: more warps, fewer rows (registers) each
-          int kStages_>  // (K, V) buffer pairs: 1 = FA2's split schedule (least smem), 2+ = a ring (one barrier per block)
+          int kWarps_,   // warps per CTA: more warps, fewer rows (q_rows) or keys (kv_keys) and registers each
+          int kStages_,  // (K, V) buffer pairs: 1 = FA2's split schedule (least smem), 2+ = a ring (one barrier per block)
+          WarpSplit kSplit_ = WarpSplit::q_rows>  // kv_keys: every warp holds all B_r rows of O_i, so B_r must be small
 struct Tile {
   static constexpr int kD = kD_;
   static constexpr int kBr = kBr_;
   static constexpr int kBc = kBc_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;
+  static constexpr bool kSplitKV = kSplit_ == WarpSplit::kv_keys;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kWarpRows = kBr / kWarps;  // rows of S and O one warp owns
+  static constexpr int kWarpRows = kSplitKV ? kBr : kBr / kWarps;  // rows of S and O one warp holds
+  static constexpr int kWarpKeys = kSplitKV ? kBc / kWarps : kBc;  // keys of each K_j, V_j one warp reads
   static constexpr int kElemBytes = 2;             // bf16 / fp16
   static constexpr int kStride = kD + 8;           // smem row: d elements + one 16-byte pad chunk (no ldmatrix bank conflicts)
-  static constexpr int kSmemBytes = kElemBytes * kStride * (kBr + 2 * kStages * kBc);  // Q_i + (K_j, V_j) x stages
+  // kv_keys only: fp32 [B_r][warps] per-warp row maxima of a block (then row sums) and [B_r] m_i.
+  static constexpr int kStatsBytes = kSplitKV ? 4 * (kWarps + 1) * kBr : 0;
+  // kv_keys only: the warps' partial O_i, fp32 [warps][B_r][d + 8], overlaying the K/V buffers after the loop.
+  static constexpr int kPartialOStride = kD + 8;  // fp32 row pitch: a half-warp's float2 fragment stores hit 32 banks
+  static constexpr int kPartialOBytes = kSplitKV ? 4 * kWarps * kBr * kPartialOStride : 0;
+  // Q_i, (K_j, V_j) x stages, and the split-K statistics
+  static constexpr int kSmemBytes = kElemBytes * kStride * (kBr + 2 * kStages * kBc) + kStatsBytes;
 
   static_assert(kStages >= 1, "at least one K and one V buffer");
   static_assert(kWarpRows % 16 == 0, "each warp owns whole 16-row mma tiles");
-  static_assert(kBc % 16 == 0, "B_c is a whole number of 16-key mma steps");
+  static_assert(kWarpKeys % 16 == 0, "each warp reads whole 16-key mma steps of K_j, V_j");
   static_assert(kD % 16 == 0, "d is a whole number of 16-wide mma steps");
+  static_assert(kPartialOBytes <= kElemBytes * kStride * 2 * kStages * kBc, "partial O_i fit in the K/V buffers");
 };
 
 // One configuration per head dim (at d = 128 and 256, the tiles FlashAttention-2's own
@@ -36,10 +53,15 @@ struct Tile {
 using Tile64 = Tile<64, 128, 128, 4, 2>;   // 90 KiB smem: 2 CTAs per SM
 using Tile128 = Tile<128, 128, 64, 4, 2>;  // 102 KiB smem: 2 CTAs per SM
 using Tile256 = Tile<256, 64, 64, 4, 1>;   // 99 KiB smem: 2 CTAs per SM
+// The warp-split ablation at d = 128: 05's B_c, warps and ring, but each of the 4 warps takes
+// 16 keys of every K/V block for all rows. B_r = 32 keeps a warp's O_i at 05's 32 x 128 fp32
+// (128 registers per thread); B_r = 64 would need 256.
+using Tile128SplitKV = Tile<128, 32, 64, 4, 2, WarpSplit::kv_keys>;  // 77 KiB smem: 2 CTAs per SM
 
-// Enqueue the forward kernel. Two ablations: kDelayedNorm = false divides O_i by l_i at
+// Enqueue the forward kernel. Three ablations: kDelayedNorm = false divides O_i by l_i at
 // every step, as FlashAttention-1 does; kOneCtaPerHead launches FA1's grid (B * H CTAs,
-// each walking its head's Q blocks) instead of one CTA per Q block. Defined in
+// each walking its head's Q blocks) instead of one CTA per Q block; a TileCfg with
+// WarpSplit::kv_keys splits K_j, V_j across the warps instead of Q_i (FA1's split-K). Defined in
 // fa2_kernel.cuh, instantiated per (head dim, dtype) by the generated
 // fa2_*instance_d<d>_<dtype>.cu files.
 template <typename T, class TileCfg, bool kDelayedNorm, bool kOneCtaPerHead = false>

@@ -27,8 +27,7 @@ TileShape tile_shape(int d) {
 }
 
 // One CTA per (Q block, head, batch), all in grid.x.
-std::string refuse_grid(const AttnProblem& p) {
-  const int64_t Br = tile_shape(p.d).Br;
+std::string refuse_grid(const AttnProblem& p, int64_t Br) {
   const int64_t ctas = int64_t(p.B) * p.H * ((p.Nq + Br - 1) / Br);
   if (ctas > INT_MAX)
     return "B * H * ceil(Nq / B_r) = " + std::to_string(ctas) + " thread blocks exceeds the grid limit " +
@@ -36,6 +35,7 @@ std::string refuse_grid(const AttnProblem& p) {
   return "";
 }
 
+std::string refuse_fa2_grid(const AttnProblem& p) { return refuse_grid(p, tile_shape(p.d).Br); }
 double model_bytes(const AttnProblem& p) { return hbm::fa2_bytes(p, tile_shape(p.d).Br, tile_shape(p.d).Bc); }
 
 template <typename T>
@@ -53,11 +53,10 @@ void launch_fa2_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t s
 }
 
 // The d = 128 ablations: one FA2 change switched off (fa2_tiles.h: launch_fa2).
-template <bool kDelayedNorm, bool kOneCtaPerHead>
+template <class Cfg, bool kDelayedNorm, bool kOneCtaPerHead>
 void launch_ablation(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.dtype == DType::bf16)
-    return fa2::launch_fa2<__nv_bfloat16, fa2::Tile128, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
-  return fa2::launch_fa2<__half, fa2::Tile128, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
+  if (p.dtype == DType::bf16) return fa2::launch_fa2<__nv_bfloat16, Cfg, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
+  return fa2::launch_fa2<__half, Cfg, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
 }
 
 }  // namespace
@@ -73,7 +72,7 @@ std::vector<Stage> fa2_stages() {
   fa2.gqa = true;
   fa2.writes_lse = true;
   fa2.compute_bound = true;
-  fa2.refuse = refuse_grid;
+  fa2.refuse = refuse_fa2_grid;
   fa2.launch = launch_fa2_stage;
   fa2.model_hbm_bytes = model_bytes;
 
@@ -83,7 +82,7 @@ std::vector<Stage> fa2_stages() {
   no_delay.prev = "05_fa2_reordered";
   no_delay.summary = "05 without delayed normalization (O_i rescaled by 1/l_i every K/V block)";
   no_delay.head_dims = {128};
-  no_delay.launch = launch_ablation</*kDelayedNorm=*/false, /*kOneCtaPerHead=*/false>;
+  no_delay.launch = launch_ablation<fa2::Tile128, /*kDelayedNorm=*/false, /*kOneCtaPerHead=*/false>;
 
   // Ablation: FA1's grid (one CTA per batch and head) with FA2's loop order inside it, so
   // the grid over the sequence is measured on its own.
@@ -93,9 +92,22 @@ std::vector<Stage> fa2_stages() {
   one_cta.summary = "05 on FA1's grid: one CTA per (batch, head) walks all Q blocks (no sequence parallelism)";
   one_cta.head_dims = {128};
   one_cta.refuse = [](const AttnProblem&) { return std::string(); };  // B * H CTAs always fit the grid
-  one_cta.launch = launch_ablation</*kDelayedNorm=*/true, /*kOneCtaPerHead=*/true>;
+  one_cta.launch = launch_ablation<fa2::Tile128, /*kDelayedNorm=*/true, /*kOneCtaPerHead=*/true>;
 
-  return {fa2, no_delay, one_cta};
+  // Ablation: FA1's warp split ("split-K"). The warps of a CTA split the keys of each K/V
+  // block instead of the rows of Q_i, so they exchange row maxima every block and sum their
+  // partial O_i at the end; every warp then holds all B_r rows of O_i, hence B_r = 32.
+  using SplitKV = fa2::Tile128SplitKV;
+  Stage split_kv = fa2;
+  split_kv.name = "05_fa2_warps_split_kv";
+  split_kv.prev = "05_fa2_reordered";
+  split_kv.summary = "05 with FA1's warp split: warps split each K/V block (B_r = 32) and combine through smem";
+  split_kv.head_dims = {128};
+  split_kv.refuse = [](const AttnProblem& p) { return refuse_grid(p, SplitKV::kBr); };
+  split_kv.launch = launch_ablation<SplitKV, /*kDelayedNorm=*/true, /*kOneCtaPerHead=*/false>;
+  split_kv.model_hbm_bytes = [](const AttnProblem& p) { return hbm::fa2_bytes(p, SplitKV::kBr, SplitKV::kBc); };
+
+  return {fa2, no_delay, one_cta, split_kv};
 }
 
 }  // namespace attn
