@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "06_fa3_hopper/fa3_launch.h"
+#include "06_fa3_hopper/swizzle.h"
 #include "common/attention.h"
 
 namespace attn::fa3 {
@@ -23,11 +24,58 @@ struct Fp8Options {
   bool hadamard = true;      // incoherent processing: Q and K times the same random-sign Hadamard matrix
 };
 
+// Head dims with an FP8 kernel: keep in step with fa3_fp8_head_dims in CMakeLists.txt.
+constexpr int kFp8HeadDims[] = {64, 128, 256};
+
 // Tiles of the FP8 kernel (fa3_fp8_kernel.cuh explains each choice).
 constexpr int kFp8QBlockRows = 64;   // rows per Q scale = rows per consumer warpgroup
-constexpr int kFp8BlockRows = 128;   // B_r: two consumer warpgroups of 64 rows
 constexpr int kFp8BlockCols = 128;   // B_c: keys per K/V block = rows per K and V scale
 constexpr float kE4m3Max = 448.f;    // largest finite e4m3 value
+// Consumer warpgroups of 64 query rows each: three at d = 64, where O is small and the
+// softmax is a large share of the work (as 06d at d = 64), two at d = 128 and 256.
+constexpr int fp8_consumer_warpgroups(int d) { return d == 64 ? 3 : 2; }
+// B_r: query rows per CTA.
+constexpr int fp8_block_rows(int d) { return kFp8QBlockRows * fp8_consumer_warpgroups(d); }
+
+// Shared-memory layout of the e4m3 tiles (one byte per element), from d alone (swizzle.h):
+//   Q̂_i, K̂_j  [rows][d], K-major operands of S = Q Kᵀ. A row is d bytes: at d = 64 one
+//             64-byte swizzle row (Swizzle::b64, 512-byte atoms); at d >= 128, d/128 column
+//             chunks of 128-byte rows (Swizzle::b128, 1024-byte atoms).
+//   V̂_jᵀ     [d][B_c], the K-major B operand of O += P V: a row is B_c = 128 keys = 128
+//             bytes whatever d (Swizzle::b128).
+// Each QGMMA K step reads 32 bytes of every row: two steps per 64-byte row, four per 128.
+template <int D>
+struct Fp8Layout {
+  static constexpr hopper::Swizzle kSwizzle = hopper::swizzle_for_row(D);  // Q̂ and K̂
+  static constexpr int kSwizzleRowBytes = hopper::row_bytes(kSwizzle);
+  static constexpr int kChunkCols = kSwizzleRowBytes;  // e4m3 per swizzle row
+  static constexpr int kChunks = D / kChunkCols;
+  static constexpr int kAtomBytes = hopper::atom_bytes(kSwizzle);  // 512 or 1024
+  static constexpr hopper::Swizzle kVtSwizzle = hopper::swizzle_for_row(kFp8BlockCols);
+  static constexpr int kVtAtomBytes = hopper::atom_bytes(kVtSwizzle);  // 1024
+  static constexpr int kK = 32;  // QGMMA K: 32 e4m3 (32 bytes) per instruction
+
+  static_assert(D % 64 == 0 && D % kChunkCols == 0, "Q̂ and K̂ rows are whole swizzle rows");
+  static_assert(kSwizzleRowBytes % kK == 0, "a K step stays inside one swizzle row");
+  static_assert(hopper::row_bytes(kVtSwizzle) == kFp8BlockCols, "a V̂ᵀ row of B_c keys is one swizzle row");
+};
+
+// Incoherent processing's fixed pseudo-random sign of column `col` (an integer hash; any
+// fixed +-1 pattern shared by Q and K keeps Q Kᵀ exact). Host and device (the tests model
+// the pre-kernel's Hadamard transform with it).
+constexpr float hadamard_sign(int col) {
+  constexpr uint32_t kMul1 = 0x9E3779B9u, kMul2 = 0x85EBCA6Bu;
+  uint32_t h = uint32_t(col + 1) * kMul1;
+  h = (h ^ (h >> 16)) * kMul2;
+  return (h >> 31) ? -1.f : 1.f;
+}
+
+// Wgmma A-operand column -> key inside a group of 32 keys (fp8_quantize.cuh explains it):
+// key 8a + 2t + b (+16h) of V is stored at position 4t + 2a + b (+16h) of V̂ᵀ.
+constexpr int wgmma_key_position(int key) {
+  const int half = key & 16, a = (key >> 3) & 1, t = (key >> 1) & 3, b = key & 1;
+  return (key & ~31) | half | 4 * t | 2 * a | b;
+}
 
 // Where the pre-kernel puts its results in the Stage workspace. Each piece starts on a
 // 256-byte boundary (TMA wants 16).
@@ -67,12 +115,19 @@ inline double fp8_quantize_bytes(const AttnProblem& p, const Fp8Options& opt) {
   return reads * bf16_in + e4m3_out;
 }
 
-// One instantiation per head dim: fa3_fp8.cu.in. launch_fp8 is the whole Stage launch;
-// launch_fp8_quantize only its pre-kernel (bench/fp8_accuracy --time times it alone).
+// One instantiation per head dim in kFp8HeadDims: fa3_fp8.cu.in. launch_fp8 is the whole
+// Stage launch; launch_fp8_quantize only its pre-kernel (bench/fp8_accuracy --time).
 template <int D>
 void launch_fp8(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, Schedule schedule,
                 cudaStream_t stream);
 template <int D>
 void launch_fp8_quantize(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, cudaStream_t stream);
+
+// The instance for head dim d (one of kFp8HeadDims; the Stage validated d before); any
+// other d throws. Defined in stages.cu, so that a kernel TU instantiates only its own d.
+using Fp8LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t);
+using Fp8QuantizeFn = void (*)(const AttnProblem&, const AttnTensors&, const Fp8Options&, cudaStream_t);
+Fp8LaunchFn fp8_launch_for(int d);
+Fp8QuantizeFn fp8_quantize_for(int d);
 
 }  // namespace attn::fa3

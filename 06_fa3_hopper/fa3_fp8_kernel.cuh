@@ -1,10 +1,13 @@
 // FlashAttention-3 FP8 forward (§3.3): the 06d pipeline (producer warpgroup + K/V ring,
-// two consumer warpgroups, ping-pong at d = 128, intra-warpgroup overlap) on e4m3 tiles.
+// two consumer warpgroups (three at d = 64), ping-pong at d <= 128, intra-warpgroup
+// overlap) on e4m3 tiles.
 // It reuses 06's loads, masking, turn-taking and epilogue (fa3_kernel.cuh); what changes:
 //
 //   - both GEMMs are QGMMA (wgmma ...k32.f32.e4m3.e4m3): 32 keys or dims per instruction;
 //   - V arrives as Vᵀ (keys contiguous; QGMMA reads B K-major only), with its keys
 //     permuted by the pre-kernel so that P needs no register shuffle (fp8_quantize.cuh);
+//   - a Q̂ or K̂ row is d bytes: at d = 64 half a 128-byte swizzle row, so those tiles use
+//     the 64-byte swizzle, while Vᵀ keeps 128-byte rows (Fp8Layout, fa3_fp8.h);
 //   - S_ij is dequantized inside the softmax: scores = q_scale * k_scale_j * (Q̂_i K̂_jᵀ),
 //     the product folded into the exponent's scale (no extra pass over S);
 //   - P_ij is multiplied by 2^8 before rounding to e4m3 (FA3's max offset: the largest
@@ -27,40 +30,37 @@ namespace attn::fa3 {
 using E4m3 = __nv_fp8_e4m3;
 
 template <int D>
-struct Fp8Config {
+struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (fa3_fp8.h)
   static constexpr bool kWarpSpecialized = true;
-  // As 06d: ping-pong where the softmax is a large share of the work (d = 128).
+  // As 06d: ping-pong where the softmax is a large share of the work (d <= 128).
   static constexpr bool kPingpong = D <= 128;
   static constexpr int kWgThreads = 128;
-  static constexpr int kConsumers = 2;  // consumer warpgroups of 64 query rows each
+  // Consumer warpgroups of 64 query rows each: three at d = 64 (O is 32 registers, so 160
+  // per thread suffice and a third softmax hides under the others' GEMMs), else two.
+  static constexpr int kConsumers = fp8_consumer_warpgroups(D);
   static constexpr int kThreads = kWgThreads * (kConsumers + 1);
-  static constexpr int B_r = kFp8BlockRows;  // query rows per CTA
+  static constexpr int B_r = fp8_block_rows(D);  // query rows per CTA
   // B_c: keys per K/V block. 128 = one 128-byte swizzle row of Vᵀ; S (64 fp32 registers)
-  // sits beside O (d/2) and P (B_c/4 registers of four e4m3).
+  // sits beside O (d/2) and P (B_c/8 = 16 registers of four e4m3).
   static constexpr int B_c = kFp8BlockCols;
   static constexpr int kStages = 2;  // K/V ring depth: deeper hides more load latency, costs smem
-
-  // Tiles are d/128 column chunks of [rows][128 e4m3] = 128-byte rows, swizzled.
-  static constexpr int kChunkCols = 128;
-  static constexpr int kChunks = D / kChunkCols;
-  static constexpr int kSwizzleRowBytes = kChunkCols;
-  static constexpr int kAtomBytes = 8 * kSwizzleRowBytes;  // 8-row swizzle atom: 1024
-  static constexpr int kK = 32;                            // QGMMA K per instruction
 
   static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D;
   static constexpr uint32_t kKVBytes = uint32_t(B_c) * D;  // K_j, and V_jᵀ
 
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr int kWarpsPerWg = kWgThreads / 32;
   static constexpr int kTurnBarrier = 1;
   static constexpr int kPOffsetLog2 = 8;  // P = 2^8 exp(S - m): up to 256 of e4m3's 448
 
-  static_assert(D % kChunkCols == 0, "d = 128 or 256: whole 128-byte rows of Q and K");
-  static_assert(B_c == kChunkCols, "a V_jᵀ row of B_c keys is one 128-byte swizzle row");
+  static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
+  static_assert(kWarpgroupRows * D % 1024 == 0 && B_c * D % 1024 == 0, "every tile starts on a whole swizzle atom");
   static_assert(kWgThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register budgets");
 };
 
+// Every tile starts on a whole swizzle atom (512 B for the 64-byte swizzle, 1024 B for the
+// 128-byte one): all sizes below are multiples of 4096 bytes.
 template <int D>
 struct alignas(1024) Fp8SharedStorage {
   using Cfg = Fp8Config<D>;
@@ -101,15 +101,18 @@ __device__ void produce_fp8(Smem& s, const Fp8Params& p, const Tile& t) {
   }
 }
 
-// O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([d rows][B_c keys]).
+// O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([d rows][B_c keys]:
+// 128-byte rows at every d, so its own swizzle, not Q̂'s and K̂'s); each K step moves 32 B
+// along the row.
 template <class Cfg, int D>
 __device__ void gemm_pv_fp8(float (&O)[D / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4], const E4m3* Vt_j) {
-  const uint64_t vt_desc = make_smem_desc(Vt_j, /*unused*/ 16, Cfg::kAtomBytes);
+  const uint64_t vt_desc = make_smem_desc(Vt_j, /*unused*/ 16, Cfg::kVtAtomBytes, Cfg::kVtSwizzle);
   pin_registers(O);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
-    Wgmma<E4m3, D>::rs(O, P[kk], desc_advance(vt_desc, kk * Cfg::kK), /*accumulate=*/1);
+    Wgmma<E4m3, D>::rs(O, P[kk], desc_advance(vt_desc, kmajor_step_offset(kk, Cfg::kK, D, Cfg::kVtSwizzle)),
+                       /*accumulate=*/1);
   wgmma_commit();
   pin_registers(O);
 }
@@ -293,10 +296,11 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
   constexpr CUtensorMapDataType kType = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // e4m3 bytes
   constexpr int kE4m3Bytes = 1;
   Fp8Params p{};
-  p.q_map = make_tensor_map_3d(base + ws.q8, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kE4m3Bytes);
-  p.k_map = make_tensor_map_3d(base + ws.k8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes);
+  p.q_map = make_tensor_map_3d(base + ws.q8, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kE4m3Bytes, Cfg::kSwizzle);
+  p.k_map = make_tensor_map_3d(base + ws.k8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes, Cfg::kSwizzle);
   // Vᵀ: rows are the d dims, columns the (padded) keys; one box = all d rows x B_c keys.
-  p.vt_map = make_tensor_map_3d(base + ws.vt8, kType, pr.B * pr.Hkv, D, int(ws.nk_padded), D, kE4m3Bytes);
+  p.vt_map = make_tensor_map_3d(base + ws.vt8, kType, pr.B * pr.Hkv, D, int(ws.nk_padded), D, kE4m3Bytes,
+                                Cfg::kVtSwizzle);
   p.o = static_cast<__nv_bfloat16*>(tensors.o);
   p.lse = tensors.lse;
   p.q_scale = reinterpret_cast<const float*>(base + ws.q_scale);

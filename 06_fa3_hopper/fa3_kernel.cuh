@@ -46,12 +46,14 @@ struct Config {
   static constexpr int B_c = block_cols(V, D);  // keys per K/V block
   static constexpr int kStages = kWarpSpecialized ? 2 : 1;  // K/V ring depth: deeper hides more load latency, costs smem
 
-  // Shared-memory tiles are d/64 column chunks of [rows][64]: 128-byte rows, swizzled.
-  static constexpr int kChunkCols = 64;
+  // Shared-memory tiles are d/64 column chunks of [rows][64]: 128-byte rows, swizzled
+  // (swizzle.h). The FP8 path (Fp8Config) fills the same names for its e4m3 Q and K tiles.
+  static constexpr Swizzle kSwizzle = Swizzle::b128;
+  static constexpr int kSwizzleRowBytes = row_bytes(kSwizzle);          // 128
+  static constexpr int kChunkCols = kSwizzleRowBytes / int(sizeof(T));  // 64
   static constexpr int kChunks = D / kChunkCols;
-  static constexpr int kSwizzleRowBytes = kChunkCols * int(sizeof(T));  // 128
-  static constexpr int kAtomBytes = 8 * kSwizzleRowBytes;                // 8-row swizzle atom: 1024
-  static constexpr int kK = 16;                                          // wgmma K per instruction
+  static constexpr int kAtomBytes = atom_bytes(kSwizzle);  // 8-row swizzle atom: 1024
+  static constexpr int kK = 16;                            // wgmma K per instruction
 
   static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D * sizeof(T);
   static constexpr uint32_t kKVBytes = uint32_t(B_c) * D * sizeof(T);
@@ -181,22 +183,23 @@ __device__ void produce(Smem& s, const Params<T>& p, const Tile& t) {
 // The two GEMMs of one warpgroup (64 query rows).
 // ---------------------------------------------------------------------------------------
 
-// S_ij = Q_i K_jᵀ: d/16 wgmma SS (both operands K-major), one commit group.
+// S_ij = Q_i K_jᵀ: d/K wgmma SS (both operands K-major), one commit group. Each K step
+// reads 32 bytes of every row (16 bf16 or 32 e4m3): the start address moves 32 B along
+// the swizzle row, then on to the next column chunk (kmajor_step_offset, swizzle.h).
 template <class Cfg, typename T>
 __device__ void gemm_qk(float (&S)[Cfg::B_c / 2], const T* Q_i, const T* K_j) {
-  constexpr int kSteps = Cfg::kChunkCols / Cfg::kK;  // K steps per 128-byte chunk
-  const uint64_t q_desc = make_smem_desc(Q_i, /*unused*/ 16, Cfg::kAtomBytes);
-  const uint64_t k_desc = make_smem_desc(K_j, /*unused*/ 16, Cfg::kAtomBytes);
+  constexpr int kSteps = Cfg::kChunks * Cfg::kChunkCols / Cfg::kK;  // d / K
+  constexpr int kStepBytes = Cfg::kK * int(sizeof(T));
+  static_assert(Cfg::kSwizzleRowBytes % kStepBytes == 0, "a K step stays inside one swizzle row");
+  const uint64_t q_desc = make_smem_desc(Q_i, /*unused*/ 16, Cfg::kAtomBytes, Cfg::kSwizzle);
+  const uint64_t k_desc = make_smem_desc(K_j, /*unused*/ 16, Cfg::kAtomBytes, Cfg::kSwizzle);
   pin_registers(S);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kChunks * kSteps; ++kk) {
-    const uint32_t in_chunk = (kk % kSteps) * Cfg::kK * sizeof(T);  // 32 B per K step inside a row
-    Wgmma<T, Cfg::B_c>::ss(S,
-                           desc_advance(q_desc, (kk / kSteps) * kWarpgroupRows * Cfg::kSwizzleRowBytes + in_chunk),
-                           desc_advance(k_desc, (kk / kSteps) * Cfg::B_c * Cfg::kSwizzleRowBytes + in_chunk),
+  for (int kk = 0; kk < kSteps; ++kk)
+    Wgmma<T, Cfg::B_c>::ss(S, desc_advance(q_desc, kmajor_step_offset(kk, kStepBytes, kWarpgroupRows, Cfg::kSwizzle)),
+                           desc_advance(k_desc, kmajor_step_offset(kk, kStepBytes, Cfg::B_c, Cfg::kSwizzle)),
                            /*accumulate=*/kk > 0);
-  }
   wgmma_commit();
   pin_registers(S);
 }
@@ -205,7 +208,7 @@ __device__ void gemm_qk(float (&S)[Cfg::B_c / 2], const T* Q_i, const T* K_j) {
 template <class Cfg, typename T, int D>
 __device__ void gemm_pv(float (&O)[D / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4], const T* V_j) {
   // N-major V: 8-row atoms 1024 B apart along K (keys), 64-column chunks B_c*128 B apart along N.
-  const uint64_t v_desc = make_smem_desc(V_j, Cfg::B_c * Cfg::kSwizzleRowBytes, Cfg::kAtomBytes);
+  const uint64_t v_desc = make_smem_desc(V_j, Cfg::B_c * Cfg::kSwizzleRowBytes, Cfg::kAtomBytes, Cfg::kSwizzle);
   pin_registers(O);
   wgmma_fence();
 #pragma unroll
@@ -585,9 +588,10 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   constexpr CUtensorMapDataType kType =
       std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   Params<T> p{};
-  p.q_map = make_tensor_map_3d(tensors.q, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows);
-  p.k_map = make_tensor_map_3d(tensors.k, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c);
-  p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c);
+  constexpr int kBytes = int(sizeof(T));
+  p.q_map = make_tensor_map_3d(tensors.q, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kBytes, Cfg::kSwizzle);
+  p.k_map = make_tensor_map_3d(tensors.k, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
+  p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
   p.o = static_cast<T*>(tensors.o);
   p.lse = tensors.lse;
   set_problem<Cfg>(p, pr);

@@ -8,8 +8,8 @@
 //                         sign per column and H_d the Walsh-Hadamard matrix. M is
 //                         orthogonal, so (Q M)(K M)ᵀ = Q Kᵀ exactly; an outlier column is
 //                         spread over all d columns before rounding. O(d log d) per row:
-//                         log2(d) butterfly stages, the first in registers, the rest
-//                         across lanes;
+//                         log2(d) butterfly stages, the first log2(d/32) in registers
+//                         (1, 2 or 3 for d = 64, 128, 256), the last five across lanes;
 //   V transposed          Vᵀ [head][d][key], keys contiguous: QGMMA reads B K-major only.
 //                         Inside every 32 keys the order is permuted (wgmma_key_position)
 //                         so that P, as the fp32 accumulator of Q Kᵀ leaves it in registers,
@@ -48,28 +48,33 @@ struct QuantArgs {
 constexpr int kQuantWarps = 4;  // per CTA; one CTA per (head, block)
 constexpr int kQuantThreads = 32 * kQuantWarps;
 
-// A fixed pseudo-random sign per column (an integer hash; any fixed +-1 pattern shared by
-// Q and K keeps Q Kᵀ exact).
-__device__ inline float hadamard_sign(int col) {
-  constexpr uint32_t kMul1 = 0x9E3779B9u, kMul2 = 0x85EBCA6Bu;
-  uint32_t h = uint32_t(col + 1) * kMul1;
-  h = (h ^ (h >> 16)) * kMul2;
-  return (h >> 31) ? -1.f : 1.f;
-}
-
-// Wgmma A-operand column -> key inside a group of 32 keys. The fp32 accumulator gives thread
-// (lane % 4 = t) keys {2t, 2t+1, 8+2t, 8+2t+1} (+16 for the second half); the e4m3 A
-// operand wants that register to hold columns {4t .. 4t+3}. Storing key 8a + 2t + b (+16h)
-// of V at position 4t + 2a + b (+16h) of Vᵀ makes the two agree:
+// hadamard_sign(col) and wgmma_key_position(key) live in fa3_fp8.h (host and device).
+// The key order: the fp32 accumulator gives thread (lane % 4 = t) keys {2t, 2t+1, 8+2t,
+// 8+2t+1} (+16 for the second half), the e4m3 A operand wants that register to hold
+// columns {4t .. 4t+3}; storing key 8a + 2t + b (+16h) of V at position 4t + 2a + b (+16h)
+// of Vᵀ makes the two agree:
 //
 //   key       0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
 //   position  0 1 4 5 8 9 12 13 2 3 6  7  10 11 14 15   (keys 16-31 likewise, +16)
-__device__ inline int wgmma_key_position(int key) {
-  const int half = key & 16, a = (key >> 3) & 1, t = (key >> 1) & 3, b = key & 1;
-  return (key & ~31) | half | 4 * t | 2 * a | b;
-}
 
-// E = D/32 consecutive bf16 of one row per lane -> fp32, times M when `hadamard`.
+// The unsigned type of `Bytes` bytes: one load per lane.
+template <int Bytes>
+struct Vec;
+template <>
+struct Vec<4> {
+  using type = uint32_t;
+};
+template <>
+struct Vec<8> {
+  using type = uint2;
+};
+template <>
+struct Vec<16> {
+  using type = uint4;
+};
+
+// E = D/32 consecutive bf16 of one row per lane (2, 4 or 8) -> fp32, times M when
+// `hadamard`: log2(E) butterfly stages inside the lane (one at d = 64), then five across.
 template <int D>
 __device__ void load_row(float (&x)[D / 32], const __nv_bfloat16* row, bool hadamard) {
   constexpr int E = D / 32;
@@ -79,11 +84,9 @@ __device__ void load_row(float (&x)[D / 32], const __nv_bfloat16* row, bool hada
     for (int e = 0; e < E; ++e) x[e] = 0.f;
     return;
   }
-  __nv_bfloat16 raw[E];
-  if constexpr (E == 4)
-    *reinterpret_cast<uint2*>(raw) = *reinterpret_cast<const uint2*>(row + lane * E);
-  else
-    *reinterpret_cast<uint4*>(raw) = *reinterpret_cast<const uint4*>(row + lane * E);
+  using Load = typename Vec<2 * E>::type;  // 4, 8 or 16 bytes
+  alignas(Load) __nv_bfloat16 raw[E];
+  *reinterpret_cast<Load*>(raw) = *reinterpret_cast<const Load*>(row + lane * E);
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] = __bfloat162float(raw[e]);
   if (!hadamard) return;
@@ -108,6 +111,24 @@ __device__ void load_row(float (&x)[D / 32], const __nv_bfloat16* row, bool hada
   const float norm = rsqrtf(float(D));  // H_d / sqrt(d) is orthogonal
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] *= norm;
+}
+
+// x * inv_scale -> E e4m3 bytes at dst, one 2-, 4- or 8-byte store per lane.
+template <int E>
+__device__ void store_e4m3(uint8_t* dst, const float (&x)[E], float inv_scale) {
+  if constexpr (E == 2) {
+    *reinterpret_cast<uint16_t*>(dst) = hopper::pack2_e4m3(x[0] * inv_scale, x[1] * inv_scale);
+  } else {
+    uint32_t packed[E / 4];
+#pragma unroll
+    for (int i = 0; i < E / 4; ++i)
+      packed[i] = hopper::pack4_e4m3(x[4 * i] * inv_scale, x[4 * i + 1] * inv_scale, x[4 * i + 2] * inv_scale,
+                                     x[4 * i + 3] * inv_scale);
+    if constexpr (E == 4)
+      *reinterpret_cast<uint32_t*>(dst) = packed[0];
+    else
+      *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+  }
 }
 
 // Max over the CTA (every thread gets it). Called once per kernel.
@@ -141,7 +162,7 @@ __device__ inline float block_inv_scale(QuantPass pass, float local_amax, const 
 template <int D, int R>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows(const QuantArgs a, QuantPass pass) {
   constexpr int E = D / 32;
-  static_assert(E == 4 || E == 8, "one 8- or 16-byte load per lane: d = 128 or 256");
+  static_assert(E == 2 || E == 4 || E == 8, "one 4-, 8- or 16-byte load per lane: d = 64, 128 or 256");
   const int head = blockIdx.x / a.blocks, row0 = (blockIdx.x % a.blocks) * R;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const __nv_bfloat16* src = a.src + size_t(head) * a.N * D;
@@ -161,16 +182,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows(const QuantArgs a
   for (int r = warp; r < R && row0 + r < a.N; r += kQuantWarps) {  // second read of the block: from L2
     float x[E];
     load_row<D>(x, row_of(r), a.hadamard);
-    uint32_t packed[E / 4];
-#pragma unroll
-    for (int i = 0; i < E / 4; ++i)
-      packed[i] = hopper::pack4_e4m3(x[4 * i] * inv_scale, x[4 * i + 1] * inv_scale, x[4 * i + 2] * inv_scale,
-                                     x[4 * i + 3] * inv_scale);
-    uint8_t* dst = a.dst + (size_t(head) * a.N + row0 + r) * D + lane * E;
-    if constexpr (E == 4)
-      *reinterpret_cast<uint32_t*>(dst) = packed[0];
-    else
-      *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+    store_e4m3<E>(a.dst + (size_t(head) * a.N + row0 + r) * D + lane * E, x, inv_scale);
   }
 }
 

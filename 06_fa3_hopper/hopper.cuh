@@ -1,6 +1,7 @@
 // Thin, named wrappers over the Hopper (sm_90a) instructions this rung uses, so that the
 // kernel body reads as the algorithm: TMA tensor maps and loads, mbarriers, wgmma
-// descriptors / fence / commit / wait, setmaxnreg, named barriers.
+// descriptors / fence / commit / wait, setmaxnreg, named barriers. The layout arithmetic
+// behind the descriptors and tensor maps is in swizzle.h (host and device).
 // Each wrapper is one PTX instruction (or a wait loop around one); the PTX ISA section
 // named in the comment is the reference.
 #pragma once
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "06_fa3_hopper/swizzle.h"
 #include "06_fa3_hopper/wgmma_ops.cuh"
 #include "common/check.h"
 #include "common/device_math.cuh"
@@ -25,12 +27,13 @@ namespace attn::hopper {
 // ---------------------------------------------------------------------------------------
 
 // A [heads, rows, d] view of a contiguous [B, H, N, d] tensor (heads = B*H), read in boxes
-// of box_rows x 64 elements. 64 bf16/fp16 elements = 128 bytes = the 128-byte swizzle
-// span, so a d-wide tile is loaded as d/64 boxes ("column chunks"). Rows past N are
-// zero-filled by the copy engine: a tile never runs into the next head's rows.
-// The FP8 path passes elem_bytes = 1: boxes of 128 e4m3 elements, still 128 bytes.
+// of box_rows x (one swizzle row) and stored swizzled (swizzle.h). A d-wide tile is loaded
+// as d / (row_bytes / elem_bytes) boxes ("column chunks"): bf16/fp16 use the 128-byte
+// swizzle, 64 elements per chunk; e4m3 (elem_bytes = 1) 128 elements per chunk, or one
+// 64-byte chunk for a 64-byte row (Swizzle::b64). Rows past N are zero-filled by the copy
+// engine: a tile never runs into the next head's rows.
 inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type, int heads, int rows, int d,
-                                      int box_rows, int elem_bytes = 2) {
+                                      int box_rows, int elem_bytes, Swizzle swizzle) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status{};
@@ -39,15 +42,19 @@ inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type
       throw AttnError("06_fa3_hopper: the driver does not provide cuTensorMapEncodeTiled (needs CUDA 12+)");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  constexpr int kSwizzleBytes = 128;
-  const int chunk_cols = kSwizzleBytes / elem_bytes;
+  const int chunk_cols = row_bytes(swizzle) / elem_bytes;
+  if (d % chunk_cols != 0)
+    throw AttnError("06_fa3_hopper: a row of " + std::to_string(d) + " elements is not whole " +
+                    std::to_string(row_bytes(swizzle)) + "-byte swizzle rows");
   CUtensorMap map{};
   const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};  // innermost first
   const cuuint64_t strides[2] = {cuuint64_t(d) * elem_bytes, cuuint64_t(rows) * d * elem_bytes};  // bytes, dims 1..2
   const cuuint32_t box[3] = {cuuint32_t(chunk_cols), cuuint32_t(box_rows), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   CUresult r = encode(&map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      swizzle == Swizzle::b128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE /* out-of-bounds elements read as zero */);
   if (r != CUDA_SUCCESS)
     throw AttnError("06_fa3_hopper: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) +
@@ -105,15 +112,13 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, in
 // Device: wgmma (PTX ISA 9.7.15)
 // ---------------------------------------------------------------------------------------
 
-// Shared-memory matrix descriptor for a 128-byte-swizzled tile (PTX ISA 9.7.15.5.1.2):
-// start address, leading and stride byte offsets (each >> 4), swizzle mode 1 = 128B.
-//   K-major operand (Q, K):  rows of 64 elements (128 B), 8-row atoms 1024 B apart (SBO);
+// Shared-memory matrix descriptor of a swizzled tile (encode_smem_desc in swizzle.h):
+//   K-major operand (Q, K; the FP8 path's Vᵀ): 8-row atoms atom_bytes(swizzle) apart (SBO);
 //                            LBO unused.
-//   N-major operand (V):     the same atoms; LBO = bytes between 64-column chunks.
-__device__ inline uint64_t make_smem_desc(const void* tile, uint32_t leading_bytes, uint32_t stride_bytes) {
-  constexpr uint64_t kSwizzle128B = 1;
-  return uint64_t((smem_addr(tile) & 0x3FFFF) >> 4) | uint64_t(leading_bytes >> 4) << 16 |
-         uint64_t(stride_bytes >> 4) << 32 | kSwizzle128B << 62;
+//   N-major operand (V):     the same atoms; LBO = bytes between column chunks.
+__device__ inline uint64_t make_smem_desc(const void* tile, uint32_t leading_bytes, uint32_t stride_bytes,
+                                          Swizzle swizzle) {
+  return encode_smem_desc(smem_addr(tile), leading_bytes, stride_bytes, swizzle);
 }
 // Advance a descriptor's start address by `bytes` (16-byte units live in bits 0-13).
 __device__ inline uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
@@ -165,8 +170,12 @@ __device__ inline void named_barrier_arrive(int id, int threads) {
 
 // exp2_approx and pack2: common/device_math.cuh.
 
-// Four fp32 values -> one 32-bit register of four e4m3 bytes (byte 0 = first), rounded to
-// nearest and saturated to +-448 (the e4m3 range) instead of overflowing to NaN.
+// Two fp32 values -> two e4m3 bytes (byte 0 = first), rounded to nearest and saturated to
+// +-448 (the e4m3 range) instead of overflowing to NaN.
+__device__ inline uint16_t pack2_e4m3(float b0, float b1) {
+  return uint16_t(__nv_cvt_float2_to_fp8x2(make_float2(b0, b1), __NV_SATFINITE, __NV_E4M3));
+}
+// Four fp32 values -> one 32-bit register of four e4m3 bytes, as pack2_e4m3.
 __device__ inline uint32_t pack4_e4m3(float b0, float b1, float b2, float b3) {
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(b0, b1), __NV_SATFINITE, __NV_E4M3);
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b2, b3), __NV_SATFINITE, __NV_E4M3);

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <iterator>
 
 #include "06_fa3_hopper/fa3.h"
 #include "06_fa3_hopper/fa3_fp8.h"
@@ -80,7 +81,7 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   s.summary = std::move(summary);
   s.min_sm = 90;
   s.dtypes = {DType::fp8_e4m3};
-  s.head_dims = {128, 256};  // keep in step with fa3_fp8_head_dims in CMakeLists.txt
+  s.head_dims.assign(std::begin(fa3::kFp8HeadDims), std::end(fa3::kFp8HeadDims));
   s.gqa = true;
   s.writes_lse = true;
   s.compute_bound = true;
@@ -93,18 +94,46 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   };
   s.workspace_bytes = [](const AttnProblem& p) { return fa3::Fp8Workspace(p).total; };
   s.launch = [opt](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-    (p.d == 128 ? fa3::launch_fp8<128> : fa3::launch_fp8<256>)(p, t, opt, persistent_unless_causal(p), stream);
+    fa3::fp8_launch_for(p.d)(p, t, opt, persistent_unless_causal(p), stream);
   };
   // Attention kernel: FA2's traffic with e = 1 (e4m3 Q, K, V), plus one byte per element
   // of O (written as bf16); then the pre-kernel's reads and writes.
   s.model_hbm_bytes = [opt](const AttnProblem& p) {
-    return hbm::fa2_bytes(p, fa3::kFp8BlockRows, fa3::kFp8BlockCols) + double(p.o_elems()) +
+    return hbm::fa2_bytes(p, fa3::fp8_block_rows(p.d), fa3::kFp8BlockCols) + double(p.o_elems()) +
            fa3::fp8_quantize_bytes(p, opt);
   };
   return s;
 }
 
+[[noreturn]] void no_fp8_kernel(int d) {
+  std::string built;
+  for (int k : fa3::kFp8HeadDims) built += (built.empty() ? "" : ", ") + std::to_string(k);
+  throw AttnError("06_fa3_hopper fp8: no kernel for head dim d = " + std::to_string(d) + " (built: " + built + ")");
+}
+
 }  // namespace
+
+namespace fa3 {
+
+Fp8LaunchFn fp8_launch_for(int d) {
+  switch (d) {
+    case 64: return launch_fp8<64>;
+    case 128: return launch_fp8<128>;
+    case 256: return launch_fp8<256>;
+  }
+  no_fp8_kernel(d);
+}
+
+Fp8QuantizeFn fp8_quantize_for(int d) {
+  switch (d) {
+    case 64: return launch_fp8_quantize<64>;
+    case 128: return launch_fp8_quantize<128>;
+    case 256: return launch_fp8_quantize<256>;
+  }
+  no_fp8_kernel(d);
+}
+
+}  // namespace fa3
 
 std::vector<Stage> fa3_stages() {
   return {

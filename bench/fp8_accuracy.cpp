@@ -5,8 +5,9 @@
 //
 // Rows: standard attention in fp16 (02), FA2 fp16 (05), FA3 fp16 (06d), and the four FP8
 // stages (per-tensor baseline, full, without block quantization, without incoherent
-// processing), on B=1, H=16, N=4096, d=128 and B=1, H=16, N=2048, d=256. RMSE over sampled
-// rows (64 per head; first, last and evenly spread), relative Frobenius error alongside.
+// processing), on B=1, H=16 and N=4096, d=64; N=4096, d=128; N=2048, d=256. RMSE over
+// sampled rows (64 per head; first, last and evenly spread), relative Frobenius error
+// alongside.
 // --time: the FP8 launch split into its pre-kernel and attention kernel, next to 06d bf16,
 // on the paper sweep's long sequences (N = 8192, 16384; H = 2048 / d; non-causal).
 #include <cmath>
@@ -54,7 +55,7 @@ void accuracy(std::FILE* out, std::ofstream* csv, cudaStream_t stream) {
   constexpr int kRowsPerHead = 64;
   constexpr uint64_t kSeed = 2024;
   std::fprintf(out, "%-42s %6s %5s %4s %10s %10s\n", "method", "N", "d", "", "RMSE", "rel err");
-  for (Dims dims : {Dims{4096, 128}, Dims{2048, 256}}) {
+  for (Dims dims : {Dims{4096, 64}, Dims{4096, 128}, Dims{2048, 256}}) {
     for (const Entry& e : kEntries) {
       AttnProblem p;
       p.B = 1;
@@ -91,7 +92,7 @@ void timing(std::FILE* out, cudaStream_t stream) {
   constexpr int kHidden = 2048;
   std::fprintf(out, "\n%-12s %6s %4s %10s %10s %10s %8s %10s %10s\n", "", "N", "d", "total ms", "quant ms",
                "attn ms", "quant %", "attn TF/s", "06d TF/s");
-  for (int d : {128, 256})
+  for (int d : fa3::kFp8HeadDims)
     for (int N : {8192, 16384}) {
       AttnProblem p;
       p.H = p.Hkv = kHidden / d;
@@ -105,9 +106,9 @@ void timing(std::FILE* out, cudaStream_t stream) {
       const Timing total = time_launch([&] { full.launch(p, t, stream); }, flusher, stream, kWarmup, kRepeats,
                                        kMaxSeconds, kWarmSeconds);
       const fa3::Fp8Options opt;  // the full variant's options
-      const Timing quant = time_launch(
-          [&] { (d == 128 ? fa3::launch_fp8_quantize<128> : fa3::launch_fp8_quantize<256>)(p, t, opt, stream); },
-          flusher, stream, kWarmup, kRepeats, kMaxSeconds, kWarmSeconds);
+      const fa3::Fp8QuantizeFn quantize = fa3::fp8_quantize_for(d);
+      const Timing quant = time_launch([&] { quantize(p, t, opt, stream); }, flusher, stream, kWarmup, kRepeats,
+                                       kMaxSeconds, kWarmSeconds);
       AttnProblem pb = p;
       pb.dtype = DType::bf16;
       ProblemInputs inb(pb, 7, Fill::normal, 0.f, 1.f, stream, false);

@@ -81,8 +81,8 @@ log "bench: attn_bench ${sweep[*]} --check --measure-bytes (log $out_dir/bench.l
 build/bench/attn_bench "${sweep[@]}" --check --measure-bytes --csv "$out_dir/ladder.csv" 2>&1 | tee "$out_dir/bench.log" ||
   log "bench: some rows FAILED their accuracy bounds (see the table above); going on to the peers and plots"
 
-log "fp8: 06_fp8 next to 06d bf16 (d = 128, 256, non-causal) and the FA3 Table 3 accuracy table"
-build/bench/attn_bench "${sweep[@]}" --rungs 06d_fa3,06_fp8 --dtype bf16,fp8 --d 128,256 --causal 0 --check \
+log "fp8: 06_fp8 next to 06d bf16 (d = 64, 128, 256, non-causal) and the FA3 Table 3 accuracy table"
+build/bench/attn_bench "${sweep[@]}" --rungs 06d_fa3,06_fp8 --dtype bf16,fp8 --d 64,128,256 --causal 0 --check \
   --csv "$out_dir/fp8_speed.csv" > "$out_dir/fp8_speed.log" 2>&1 || log "fp8: some rows FAILED (see fp8_speed.log)"
 build/bench/fp8_accuracy --time --csv "$out_dir/fp8_accuracy.csv" 2>&1 | tee "$out_dir/fp8_accuracy.log" ||
   log "fp8_accuracy FAILED"

@@ -1,13 +1,17 @@
-// CPU tests: the fp64 reference, the cost model, validation and the registry. No GPU needed.
+// CPU tests: the fp64 reference, the cost model, validation and the registry, rung 06's
+// tile layouts and the host model of its FP8 pre-kernel. No GPU needed.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <set>
 
+#include "06_fa3_hopper/fa3_fp8.h"
+#include "06_fa3_hopper/swizzle.h"
 #include "common/hbm_model.h"
 #include "common/reference.h"
 #include "common/stage.h"
+#include "tests/fp8_model.h"
 
 using namespace attn;
 
@@ -285,4 +289,168 @@ TEST(Validation, DtypeNames) {
   EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
   EXPECT_EQ(parse_dtype("fp16"), DType::fp16);
   EXPECT_THROW(parse_dtype("fp32"), AttnError);
+}
+
+// ---------------------------------------------------------------- rung 06: tile layouts and the FP8 pre-kernel model
+// The layout arithmetic the kernels use (06_fa3_hopper/swizzle.h, Fp8Layout in fa3_fp8.h),
+// checked against a model of what TMA writes and what wgmma reads.
+
+namespace {
+
+using hopper::Swizzle;
+
+// Where byte `offset` of a tile (base on a whole atom) really lies: TMA and wgmma both XOR
+// bits [4, 4+b) of the shared-memory address with bits [7, 7+b), b = log2(row_bytes / 16).
+uint32_t swizzled(uint32_t offset, Swizzle s) {
+  const uint32_t mask = uint32_t(hopper::row_bytes(s) / 16 - 1);
+  return offset ^ (((offset >> 7) & mask) << 4);
+}
+
+// TMA: byte `col` of row `row` of a [rows][row_len] tile loaded as column chunks of one
+// swizzle row each, the chunks' boxes stored one after another.
+uint32_t tma_byte(int row, int col, int rows, Swizzle s) {
+  const int rb = hopper::row_bytes(s);
+  return swizzled(uint32_t((col / rb) * rows * rb + row * rb + col % rb), s);
+}
+
+// wgmma, K-major operand: byte k of row m in the K step whose descriptor starts at `start`
+// with stride byte offset `sbo`: rows row_bytes apart inside an 8-row group, groups SBO
+// apart, then the swizzle on the address.
+uint32_t wgmma_byte(uint32_t start, uint32_t sbo, int m, int k, Swizzle s) {
+  return swizzled(start + uint32_t(m / 8) * sbo + uint32_t(m % 8) * hopper::row_bytes(s) + uint32_t(k), s);
+}
+
+// Every byte every K step reads is the byte TMA stored for that (row, column).
+void expect_kmajor_tile_consistent(const char* what, int row_len, int rows, int step_bytes, uint32_t sbo, Swizzle s) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(row_len % hopper::row_bytes(s), 0) << "rows are whole swizzle rows";
+  for (int kk = 0; kk < row_len / step_bytes; ++kk) {
+    const uint32_t start = hopper::kmajor_step_offset(kk, step_bytes, rows, s);
+    for (int m = 0; m < rows; ++m)
+      for (int k = 0; k < step_bytes; ++k)
+        ASSERT_EQ(wgmma_byte(start, sbo, m, k, s), tma_byte(m, kk * step_bytes + k, rows, s))
+            << "K step " << kk << ", row " << m << ", byte " << k;
+  }
+}
+
+template <int D>
+void expect_fp8_layout_consistent() {
+  using L = fa3::Fp8Layout<D>;
+  SCOPED_TRACE("fp8 d = " + std::to_string(D));
+  expect_kmajor_tile_consistent("Q̂_i", D, 64, L::kK, L::kAtomBytes, L::kSwizzle);
+  expect_kmajor_tile_consistent("K̂_j", D, fa3::kFp8BlockCols, L::kK, L::kAtomBytes, L::kSwizzle);
+  expect_kmajor_tile_consistent("V̂_jᵀ", fa3::kFp8BlockCols, D, L::kK, L::kVtAtomBytes, L::kVtSwizzle);
+}
+
+}  // namespace
+
+TEST(Swizzle, DescriptorFields) {
+  // 64B swizzle, SBO = one 512-byte atom: layout type 2 in bits 62-63, offsets >> 4.
+  const uint64_t d64 = hopper::encode_smem_desc(0x10400, 16, 512, Swizzle::b64);
+  EXPECT_EQ(d64 & 0x3FFF, 0x10400u >> 4);
+  EXPECT_EQ((d64 >> 16) & 0x3FFF, 1u);
+  EXPECT_EQ((d64 >> 32) & 0x3FFF, 32u);
+  EXPECT_EQ((d64 >> 49) & 7, 0u);  // base offset: tiles start on whole atoms
+  EXPECT_EQ(d64 >> 62, 2u);
+  const uint64_t d128 = hopper::encode_smem_desc(0x10400, 16, 1024, Swizzle::b128);
+  EXPECT_EQ((d128 >> 32) & 0x3FFF, 64u);
+  EXPECT_EQ(d128 >> 62, 1u);
+  EXPECT_EQ(hopper::atom_bytes(Swizzle::b64), 512);
+  EXPECT_EQ(hopper::atom_bytes(Swizzle::b128), 1024);
+}
+
+TEST(Swizzle, Fp8TileLayoutsPerHeadDim) {
+  // d = 64: a Q̂ or K̂ row is 64 bytes, one 64-byte swizzle row; Vᵀ keeps 128-byte rows.
+  using L64 = fa3::Fp8Layout<64>;
+  EXPECT_EQ(L64::kSwizzle, Swizzle::b64);
+  EXPECT_EQ(L64::kChunks, 1);
+  EXPECT_EQ(L64::kAtomBytes, 512);
+  EXPECT_EQ(L64::kVtSwizzle, Swizzle::b128);
+  EXPECT_EQ(hopper::kmajor_step_offset(1, 32, 64, Swizzle::b64), 32u);  // second K step: same row
+  EXPECT_EQ(fa3::Fp8Layout<128>::kSwizzle, Swizzle::b128);
+  EXPECT_EQ(fa3::Fp8Layout<256>::kChunks, 2);
+  EXPECT_EQ(hopper::kmajor_step_offset(4, 32, 128, Swizzle::b128), 128u * 128);  // d = 256: next chunk
+}
+
+TEST(Swizzle, WgmmaReadsWhatTmaWrote) {
+  expect_fp8_layout_consistent<64>();
+  expect_fp8_layout_consistent<128>();
+  expect_fp8_layout_consistent<256>();
+  // bf16/fp16 (06a-d): 128-byte rows of 64 elements, K steps of 16 elements = 32 bytes.
+  for (int d : {64, 128, 256})
+    for (int rows : {64, 80, 128, 176}) {
+      SCOPED_TRACE("bf16 d = " + std::to_string(d) + ", rows = " + std::to_string(rows));
+      expect_kmajor_tile_consistent("Q or K", 2 * d, rows, 32, 1024, Swizzle::b128);
+    }
+  // The model is not vacuous: the 128-byte atom's SBO on 64-byte rows reads other bytes.
+  EXPECT_NE(wgmma_byte(0, 1024, 8, 0, Swizzle::b64), tma_byte(8, 0, 64, Swizzle::b64));
+}
+
+TEST(Fp8Model, WgmmaKeyPositionMakesAccumulatorPairsOperandQuads) {
+  // A permutation inside every 32 keys...
+  for (int group = 0; group < 4; ++group) {
+    std::set<int> seen;
+    for (int key = 32 * group; key < 32 * group + 32; ++key) {
+      const int pos = fa3::wgmma_key_position(key);
+      EXPECT_EQ(pos / 32, group);
+      seen.insert(pos);
+    }
+    EXPECT_EQ(seen.size(), 32u);
+  }
+  // ...that sends thread t's accumulator keys {2t, 2t+1, 8+2t, 9+2t} (+16) to positions
+  // {4t .. 4t+3} (+16), the four bytes of its e4m3 A-operand register.
+  for (int half : {0, 16})
+    for (int t = 0; t < 4; ++t) {
+      const int keys[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
+      for (int b = 0; b < 4; ++b) EXPECT_EQ(fa3::wgmma_key_position(half + keys[b]), half + 4 * t + b);
+    }
+}
+
+TEST(Fp8Model, HadamardIsTheSignedSylvesterMatrixAndOrthogonal) {
+  for (int d : fa3::kFp8HeadDims) {
+    SCOPED_TRACE("d = " + std::to_string(d));
+    std::vector<double> q(d), k(d);
+    unsigned seed = 17u + unsigned(d);
+    for (int c = 0; c < d; ++c) {
+      seed = seed * 1664525u + 1013904223u;
+      q[c] = double(int(seed >> 9) % 2001 - 1000) / 500.0;
+      k[c] = double(int(seed >> 12) % 2001 - 1000) / 500.0;
+    }
+    const std::vector<double> qm = attn::testing::hadamard_row(q), km = attn::testing::hadamard_row(k);
+    double dot = 0, dot_m = 0;
+    for (int c = 0; c < d; ++c) {
+      dot += q[c] * k[c];
+      dot_m += qm[c] * km[c];
+      // Column c of x diag(s) H / sqrt(d): sum_i x_i s_i (-1)^popcount(i & c) / sqrt(d).
+      double explicit_sum = 0;
+      for (int i = 0; i < d; ++i)
+        explicit_sum += q[i] * fa3::hadamard_sign(i) * ((__builtin_popcount(unsigned(i & c)) & 1) ? -1 : 1);
+      EXPECT_NEAR(qm[c], explicit_sum / std::sqrt(double(d)), 1e-12);
+    }
+    EXPECT_NEAR(dot_m, dot, 1e-9) << "(QM)(KM)ᵀ = QKᵀ";
+  }
+}
+
+TEST(Fp8Model, E4m3Values) {
+  EXPECT_EQ(attn::testing::e4m3_value(0x38), 1.0);
+  EXPECT_EQ(attn::testing::e4m3_value(0xB8), -1.0);
+  EXPECT_EQ(attn::testing::e4m3_value(0x7E), 448.0);  // the largest finite value
+  EXPECT_EQ(attn::testing::e4m3_value(0x08), std::ldexp(1.0, -6));  // smallest normal
+  EXPECT_EQ(attn::testing::e4m3_value(0x01), std::ldexp(1.0, -9));  // smallest subnormal
+  EXPECT_TRUE(std::isnan(attn::testing::e4m3_value(0x7F)));
+}
+
+TEST(Registry, Fp8StagesTakeEveryBuiltHeadDim) {
+  for (const char* name : {"06_fp8", "06_fp8_no_hadamard", "06_fp8_per_tensor_hadamard", "06_fp8_per_tensor"})
+    for (int d : fa3::kFp8HeadDims) EXPECT_TRUE(find_stage(name).supports_head_dim(d)) << name << " d = " << d;
+  for (int d : fa3::kFp8HeadDims) {
+    EXPECT_NE(fa3::fp8_launch_for(d), nullptr);
+    EXPECT_NE(fa3::fp8_quantize_for(d), nullptr);
+  }
+  try {
+    fa3::fp8_launch_for(96);
+    FAIL() << "expected AttnError";
+  } catch (const AttnError& e) {
+    EXPECT_NE(std::string(e.what()).find("d = 96"), std::string::npos) << e.what();
+  }
 }

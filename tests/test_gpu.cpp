@@ -92,9 +92,9 @@ std::vector<Shape> ladder_shapes() {
         shapes.push_back({1, 2, 1, 1000, 113, d, causal, t});
         shapes.push_back({1, 1, 1, 4097, 113, d, causal, t});
       }
-  // The FP8 path (rung 06, d = 128 and 256): same shapes, bf16 tensors quantized inside.
+  // The FP8 path (rung 06, d = 64, 128 and 256): same shapes, bf16 tensors quantized inside.
   for (const Shape& s : std::vector<Shape>(shapes))
-    if (s.dtype == DType::bf16 && s.d >= 128) {
+    if (s.dtype == DType::bf16) {
       Shape f = s;
       f.dtype = DType::fp8_e4m3;
       shapes.push_back(f);
@@ -228,29 +228,29 @@ TEST_F(Gpu, CApiRunsAndReportsErrors) {
 // ---------------------------------------------------------------- races and long sequences
 
 TEST_F(Gpu, RepeatedRunsAreBitIdentical) {
-  for (DType t : {DType::bf16, DType::fp8_e4m3}) {
-    for (bool causal : {false, true}) {
-      AttnProblem p;
-      p.dtype = t;
-      p.B = 2;
-      p.H = 4;
-      p.Hkv = 2;
-      p.Nq = p.Nk = 1000;
-      p.d = 128;
-      p.causal = causal;
-      ProblemInputs in(p, 21, Fill::normal, 0, 1, stream_, false);
-      for (const Stage& s : registry()) {
-        if (!runs_here(s, p)) continue;
-        SCOPED_TRACE(s.name + (causal ? " causal " : " ") + dtype_name(t));
-        RungOutput a = run_rung(s, in, stream_);
-        RungOutput b = run_rung(s, in, stream_);
-        std::vector<unsigned char> ha(a.o.bytes()), hb(b.o.bytes());
-        CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
-        EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size()), 0) << "two runs on the same inputs differ: a race";
+  for (DType t : {DType::bf16, DType::fp8_e4m3})
+    for (int d : {64, 128})
+      for (bool causal : {false, true}) {
+        AttnProblem p;
+        p.dtype = t;
+        p.B = 2;
+        p.H = 4;
+        p.Hkv = 2;
+        p.Nq = p.Nk = 1000;
+        p.d = d;
+        p.causal = causal;
+        ProblemInputs in(p, 21, Fill::normal, 0, 1, stream_, false);
+        for (const Stage& s : registry()) {
+          if (!runs_here(s, p)) continue;
+          SCOPED_TRACE(s.name + (causal ? " causal " : " ") + dtype_name(t) + " d = " + std::to_string(d));
+          RungOutput a = run_rung(s, in, stream_);
+          RungOutput b = run_rung(s, in, stream_);
+          std::vector<unsigned char> ha(a.o.bytes()), hb(b.o.bytes());
+          CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
+          CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
+          EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size()), 0) << "two runs on the same inputs differ: a race";
+        }
       }
-    }
-  }
 }
 
 // 06d walks several tiles per CTA without a mask (Schedule::persistent); its ablation
@@ -340,22 +340,24 @@ TEST_F(Gpu, SanitizeSmallShapes) {
 
 // More tiles than SMs, so that persistent CTAs (06d, fp8) walk several: the ring and Q
 // barriers change phase from one tile to the next, which the shapes above never reach.
+// Every head dim: each has its own tiles (B_r, B_c, consumer warpgroups, swizzles).
 TEST_F(Gpu, SanitizeManyTilesPerCta) {
-  for (const Stage& s : registry()) {
-    AttnProblem p;
-    p.B = 2;
-    p.H = 100;
-    p.Hkv = 20;
-    p.Nq = 130;
-    p.Nk = 300;
-    p.d = s.head_dims.front();
-    p.dtype = s.dtypes.front();
-    if (s.min_sm < 90 || !runs_here(s, p)) continue;  // the Hopper rungs: their CTAs may walk several tiles
-    SCOPED_TRACE(s.name + " " + p.describe());
-    ProblemInputs in(p, 43, Fill::normal, 0, 1, stream_, true);
-    std::vector<RowIndex> rows = sampled_rows(p, 32);
-    expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
-  }
+  for (const Stage& s : registry())
+    for (int d : s.head_dims) {
+      AttnProblem p;
+      p.B = 2;
+      p.H = 100;
+      p.Hkv = 20;
+      p.Nq = 130;
+      p.Nk = 300;
+      p.d = d;
+      p.dtype = s.dtypes.front();
+      if (s.min_sm < 90 || !runs_here(s, p)) continue;  // the Hopper rungs: their CTAs may walk several tiles
+      SCOPED_TRACE(s.name + " " + p.describe());
+      ProblemInputs in(p, 43, Fill::normal, 0, 1, stream_, true);
+      std::vector<RowIndex> rows = sampled_rows(p, 32);
+      expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
+    }
 }
 
 // ---------------------------------------------------------------- measured HBM bytes
