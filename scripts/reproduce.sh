@@ -97,8 +97,16 @@ else
 fi
 
 if python3 -c 'import matplotlib' 2>/dev/null; then
-  log "plots into $out_dir, results block of README.md"
-  python3 scripts/plot.py "${csvs[@]}" --out "$out_dir" --readme README.md
+  # The README links its plots relatively: rewrite its results block only when they land
+  # inside this checkout (the default results/<gpu>), never with links out of the repository.
+  out_abs=$(cd "$out_dir" && pwd)
+  if [[ $out_abs == "$repo"/* ]]; then
+    log "plots into $out_dir, results block of README.md"
+    python3 scripts/plot.py "${csvs[@]}" --out "$out_dir" --readme README.md
+  else
+    log "plots into $out_dir (outside the checkout: README.md left as it is)"
+    python3 scripts/plot.py "${csvs[@]}" --out "$out_dir"
+  fi
 else
   log "plots: skipped, python3 cannot import matplotlib"
 fi
