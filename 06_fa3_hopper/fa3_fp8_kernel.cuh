@@ -52,6 +52,7 @@ struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr int kWarpsPerWg = kWgThreads / 32;
   static constexpr int kTurnBarrier = 1;
+  static constexpr bool kMayPairCtas = false;  // one CTA per cluster (Fp8Params::cta_pairs)
   static constexpr int kPOffsetLog2 = 8;  // P = 2^8 exp(S - m): up to 256 of e4m3's 448
 
   static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
@@ -80,9 +81,10 @@ struct Fp8Params {
   const float* k_scale;  // [B*Hkv, kv_blocks]
   const float* v_scale;  // [B*Hkv, kv_blocks]
   int q_blocks, kv_blocks;
-  int Nq, Nk, H, Hkv, group, m_blocks, n_tiles;
+  int Nq, Nk, H, Hkv, group, m_blocks, n_tiles, n_units;
   float scale, scale_log2;
   bool causal;
+  bool cta_pairs = false;  // the FP8 path keeps one CTA per cluster (fa3_kernel.cuh: Schedule)
 };
 
 // Producer (one thread): Q̂_i, then K̂_j and V̂_jᵀ into the ring (as 06's produce, with Vᵀ
@@ -94,7 +96,7 @@ __device__ void produce_fp8(Smem& s, const Fp8Params& p, const Tile& t) {
   for (int j = 0; j < t.n_blocks; ++j) {
     const Slot<Cfg> slot(t.kv0 + j);
     mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
-    load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage]);
+    load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage], p);
     mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
     mbarrier_arrive_expect_tx(&s.v_full[slot.stage], Cfg::kKVBytes);
     tma_load_3d(s.vt[slot.stage], &p.vt_map, j * Cfg::B_c, 0, t.kv_head, &s.v_full[slot.stage]);

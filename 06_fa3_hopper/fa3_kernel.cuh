@@ -38,6 +38,7 @@ struct Config {
   // at d = 256 the P V GEMM dominates and forced turns only add waiting (as FA3 does).
   static constexpr bool kPingpong = V == Variant::pingpong || (V == Variant::fa3 && D <= 128);
   static constexpr bool kIntraOverlap = V == Variant::fa3;
+  static constexpr bool kMayPairCtas = V == Variant::fa3;  // 06d may run Schedule::persistent_cta_pairs
 
   static constexpr int kWgThreads = 128;                                      // threads per warpgroup
   static constexpr int kConsumers = consumer_warpgroups(V, D);                // consumer warpgroups
@@ -67,6 +68,7 @@ struct Config {
 
   static_assert(D % kChunkCols == 0 && B_c % kK == 0, "tiles are whole 128-byte chunks and wgmma K steps");
   static_assert(B_c * kSwizzleRowBytes % kAtomBytes == 0, "every chunk starts on a 1024-byte swizzle atom");
+  static_assert(B_c / 2 * kSwizzleRowBytes % kAtomBytes == 0, "a CTA pair's half blocks start on swizzle atoms");
   static_assert(!kWarpSpecialized || kWgThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536,
                 "register budgets exceed the register file");
   static_assert(!kPingpong || kConsumers >= 2, "the ping-pong needs two or more consumer warpgroups");
@@ -88,8 +90,10 @@ struct Params {
   T* o;
   float* lse;  // may be null
   int Nq, Nk, H, Hkv, group, m_blocks, n_tiles;  // n_tiles = m_blocks * B * H
+  int n_units;     // what the grid walks: the tiles, or with cta_pairs the pairs of tiles
   float scale, scale_log2;  // softmax scale, and scale * log2(e) for exp2
   bool causal;
+  bool cta_pairs;  // Schedule::persistent_cta_pairs: clusters of 2 CTAs share K/V loads
 };
 
 // One unit of work: query rows [row0, row0 + B_r) of head bh, against n_blocks K/V blocks.
@@ -104,11 +108,22 @@ struct Tile {
   int kv0;       // the CTA's K/V blocks before this one: block j uses ring slot kv0 + j
 };
 
+// A CTA's unit of work is one tile, or with CTA pairs one of a pair of neighbouring Q
+// blocks of one head: the cluster's CTA of rank r takes block 2u + r of pair u (past the
+// last block when a head has an odd count: rows past Nq, computed and never written, so
+// that both CTAs load the same K/V).
 template <class Cfg, class Prm>  // Prm: Params<T>, or the FP8 kernel's Fp8Params
-__device__ Tile make_tile(const Prm& p, int index) {
+__device__ Tile make_tile(const Prm& p, int unit) {
   Tile t;
-  const int m_block = p.m_blocks - 1 - index % p.m_blocks;  // causal: longest rows first
-  t.bh = index / p.m_blocks;
+  int m_block;
+  if (Cfg::kMayPairCtas && p.cta_pairs) {
+    const int m_pairs = (p.m_blocks + 1) / 2;
+    t.bh = unit / m_pairs;
+    m_block = 2 * (unit % m_pairs) + int(cluster_ctarank());
+  } else {
+    t.bh = unit / p.m_blocks;
+    m_block = p.m_blocks - 1 - unit % p.m_blocks;  // causal: longest rows first
+  }
   t.kv_head = (t.bh / p.H) * p.Hkv + (t.bh % p.H) / p.group;
   t.row0 = m_block * Cfg::B_r;
   t.n_blocks = (p.Nk + Cfg::B_c - 1) / Cfg::B_c;
@@ -119,13 +134,15 @@ __device__ Tile make_tile(const Prm& p, int index) {
   return t;
 }
 
-// The CTA's tiles, in order: blockIdx.x, blockIdx.x + gridDim.x, ... Producer and consumers
-// each walk the same list, so they agree on every tile's ring slots without talking.
+// The CTA's units, in order: blockIdx.x, blockIdx.x + gridDim.x, ... (per cluster with CTA
+// pairs). Producer and consumers each walk the same list, so they agree on every tile's
+// ring slots without talking.
 template <class Cfg, class Prm, class Body>
 __device__ void for_each_tile(const Prm& p, Body&& body) {
+  const int ctas_per_unit = Cfg::kMayPairCtas && p.cta_pairs ? 2 : 1;
   int seq = 0, kv = 0;
-  for (int index = blockIdx.x; index < p.n_tiles; index += gridDim.x) {
-    Tile t = make_tile<Cfg>(p, index);
+  for (int unit = blockIdx.x / ctas_per_unit; unit < p.n_units; unit += gridDim.x / ctas_per_unit) {
+    Tile t = make_tile<Cfg>(p, unit);
     t.seq = seq++;
     t.kv0 = kv;
     kv += t.n_blocks;
@@ -154,13 +171,24 @@ __device__ void load_q(Smem& s, const Prm& p, const Tile& t) {
                   t.row0 + w * kWarpgroupRows, t.bh, &s.q_full);
 }
 
-// One B_c x d block (K_j or V_j) into `tile`, completing on `full`.
-template <class Cfg>
-__device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, uint64_t* full) {
+// One B_c x d block (K_j or V_j) into `tile`, completing on `full`. With CTA pairs each CTA
+// copies half of the rows, into its own and its peer's `tile` at once (TMA multicast), so
+// the pair reads each block from L2 once; each CTA's `full` still expects the whole block.
+template <class Cfg, class Prm>
+__device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, uint64_t* full, const Prm& p) {
   mbarrier_arrive_expect_tx(full, Cfg::kKVBytes);
-  for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_3d(static_cast<char*>(tile) + c * Cfg::B_c * Cfg::kSwizzleRowBytes, map, c * Cfg::kChunkCols,
-                j * Cfg::B_c, kv_head, full);
+  char* chunk0 = static_cast<char*>(tile);
+  constexpr int kChunkBytes = Cfg::B_c * Cfg::kSwizzleRowBytes;  // one 128-byte column chunk of the block
+  if (!(Cfg::kMayPairCtas && p.cta_pairs)) {
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_3d(chunk0 + c * kChunkBytes, map, c * Cfg::kChunkCols, j * Cfg::B_c, kv_head, full);
+  } else {
+    constexpr int kHalf = Cfg::B_c / 2;  // rows per CTA (the tensor map's box)
+    const int rank = int(cluster_ctarank());
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_3d_multicast(chunk0 + c * kChunkBytes + rank * kHalf * Cfg::kSwizzleRowBytes, map,
+                            c * Cfg::kChunkCols, j * Cfg::B_c + rank * kHalf, kv_head, full, /*both CTAs*/ 0b11);
+  }
 }
 
 // 06b-d producer (one thread), per tile: Q_i once the consumers are done with the last
@@ -173,9 +201,9 @@ __device__ void produce(Smem& s, const Params<T>& p, const Tile& t) {
   for (int j = 0; j < t.n_blocks; ++j) {
     const Slot<Cfg> slot(t.kv0 + j);
     mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
-    load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage]);
+    load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage], p);
     mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
-    load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage]);
+    load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage], p);
   }
 }
 
@@ -370,6 +398,15 @@ struct TurnTaking {
 __device__ inline void release(uint64_t* empty) {
   if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
 }
+// ... with a K/V ring stage, which under CTA pairs the peer's producer also fills: its
+// "empty" barrier hears from this CTA's warps too.
+template <class Cfg, class Prm>
+__device__ inline void release_kv(uint64_t* empty, const Prm& p) {
+  if (threadIdx.x % 32 == 0) {
+    mbarrier_arrive(empty);
+    if (Cfg::kMayPairCtas && p.cta_pairs) mbarrier_arrive_remote(empty, cluster_ctarank() ^ 1);
+  }
+}
 
 // ---------------------------------------------------------------------------------------
 // Consumer warpgroup: FA2's inner loop over K/V blocks for its 64 rows of Q_i.
@@ -407,8 +444,8 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
       const Slot<Cfg> slot(t.kv0 + j);
       if constexpr (!Cfg::kWarpSpecialized)
         if (threadIdx.x == 0) {
-          load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage]);
-          load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage]);
+          load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage], p);
+          load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage], p);
         }
       // S_ij = Q_i K_jᵀ
       mbarrier_wait(&s.k_full[slot.stage], slot.phase);
@@ -417,7 +454,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
       turn.pass_turn();
       wgmma_wait<0>();
       pin_registers(S);
-      if constexpr (Cfg::kWarpSpecialized) release(&s.k_empty[slot.stage]);
+      if constexpr (Cfg::kWarpSpecialized) release_kv<Cfg>(&s.k_empty[slot.stage], p);
       q_done_after(j);
       // m_i, P_ij, l_i; O_i *= exp(m_old - m_new)
       if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
@@ -430,7 +467,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
       wgmma_wait<0>();
       pin_registers(O);
       if constexpr (Cfg::kWarpSpecialized)
-        release(&s.v_empty[slot.stage]);
+        release_kv<Cfg>(&s.v_empty[slot.stage], p);
       else
         __syncthreads();  // 06a: all reads of K_j, V_j done before thread 0 overwrites them
     }
@@ -445,7 +482,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
     turn.pass_turn();
     wgmma_wait<0>();
     pin_registers(S);
-    release(&s.k_empty[first.stage]);
+    release_kv<Cfg>(&s.k_empty[first.stage], p);
     q_done_after(0);
     if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
     online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);  // O_i is still 0: nothing to rescale
@@ -461,13 +498,13 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
       turn.pass_turn();
       wgmma_wait<1>();  // S_ij has landed; the P V is still running
       pin_registers(S);
-      release(&s.k_empty[cur.stage]);
+      release_kv<Cfg>(&s.k_empty[cur.stage], p);
       q_done_after(j);
       if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
       online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);
       wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
       pin_registers(O);
-      release(&s.v_empty[prev.stage]);
+      release_kv<Cfg>(&s.v_empty[prev.stage], p);
       rescale<D>(O, alpha);
       to_operand<Cfg, T>(S, P_op);
     }
@@ -477,7 +514,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
     gemm_pv<Cfg, T, D>(O, P_op, s.v[last.stage]);
     wgmma_wait<0>();
     pin_registers(O);
-    release(&s.v_empty[last.stage]);
+    release_kv<Cfg>(&s.v_empty[last.stage], p);
   }
   write_output<D, T>(O, m, l, f, t.bh, wg_row0, p);
 }
@@ -491,8 +528,10 @@ __device__ inline Smem& aligned_shared(uint8_t* smem_raw) {
 }
 
 // Thread 0 sets up the Q barrier and the K/V ring's full/empty barriers; everyone waits.
+// With CTA pairs a ring stage is free once the consumer warps of both CTAs released it, and
+// the whole cluster waits, so that no remote arrival or multicast meets an unset barrier.
 template <class Cfg, class Smem>
-__device__ inline void init_barriers(Smem& s) {
+__device__ inline void init_barriers(Smem& s, bool cta_pairs = false) {
   if (threadIdx.x == 0) {
     constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
     mbarrier_init(&s.q_full, 1);
@@ -500,12 +539,13 @@ __device__ inline void init_barriers(Smem& s) {
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbarrier_init(&s.k_full[i], 1);  // the loader's arrive.expect_tx; then the bytes
       mbarrier_init(&s.v_full[i], 1);
-      mbarrier_init(&s.k_empty[i], kConsumerWarps);  // one arrival per consumer warp
-      mbarrier_init(&s.v_empty[i], kConsumerWarps);
+      mbarrier_init(&s.k_empty[i], kConsumerWarps * (cta_pairs ? 2 : 1));  // one arrival per consumer warp
+      mbarrier_init(&s.v_empty[i], kConsumerWarps * (cta_pairs ? 2 : 1));
     }
     fence_barrier_init();
   }
   __syncthreads();
+  if (cta_pairs) cluster_sync();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -518,7 +558,7 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
   using Smem = SharedStorage<Cfg, T, D>;
   extern __shared__ uint8_t smem_raw[];
   Smem& s = aligned_shared<Smem>(smem_raw);
-  init_barriers<Cfg>(s);
+  init_barriers<Cfg>(s, Cfg::kMayPairCtas && p.cta_pairs);
 
   if constexpr (Cfg::kWarpSpecialized) {
     const int wg = threadIdx.x / Cfg::kWgThreads;
@@ -536,6 +576,12 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
     const TurnTaking<Cfg> turn{0};  // no ping-pong: every call is empty
     for_each_tile<Cfg>(p, [&](const Tile& t) { consume<Cfg, D>(s, p, t, turn); });
   }
+  // CTA pairs: stay until the peer is done, since its copies and arrivals reach this CTA's
+  // shared memory.
+  if (Cfg::kMayPairCtas && p.cta_pairs) {
+    __syncwarp();  // the producer warp's idle lanes wait for thread 0
+    cluster_sync();
+  }
 }
 
 // Once per kernel, at its first launch: opt in to more than 48 KB of dynamic shared memory
@@ -549,6 +595,39 @@ int configure_kernel(int threads, size_t smem_bytes) {
     return std::max(n, 1);
   }();
   return ctas_per_sm;
+}
+
+// A launch configuration of `ctas` CTAs in clusters of two (Schedule::persistent_cta_pairs).
+struct PairLaunch {
+  cudaLaunchAttribute cluster{};
+  cudaLaunchConfig_t config{};
+  PairLaunch(unsigned ctas, int threads, size_t smem_bytes, cudaStream_t stream) {
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 2;
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    config.gridDim = dim3(ctas);
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+  }
+  PairLaunch(const PairLaunch&) = delete;  // config points at cluster
+  PairLaunch& operator=(const PairLaunch&) = delete;
+};
+
+// Once per kernel: how many clusters of two of its CTAs the GPU runs at once (a cluster is
+// placed within one GPC, so this can be fewer than half the CTAs that fit).
+template <auto kKernel>
+int max_cta_pairs(int threads, size_t smem_bytes) {
+  static const int pairs = [=] {
+    const PairLaunch launch(2, threads, smem_bytes, nullptr);
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kKernel, &launch.config));
+    if (n < 1) throw AttnError("06_fa3_hopper: the GPU cannot run a cluster of two CTAs of this kernel");
+    return n;
+  }();
+  return pairs;
 }
 
 // Grid size for a schedule: every tile, or as many CTAs as fit on the GPU at once.
@@ -570,6 +649,7 @@ void set_problem(Prm& p, const AttnProblem& pr) {
   p.group = pr.group();
   p.m_blocks = (pr.Nq + Cfg::B_r - 1) / Cfg::B_r;
   p.n_tiles = p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
+  p.n_units = p.n_tiles;
   p.scale = pr.softmax_scale();
   p.scale_log2 = p.scale * float(M_LOG2E);
   p.causal = pr.causal;
@@ -590,15 +670,26 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   Params<T> p{};
   constexpr int kBytes = int(sizeof(T));
   p.q_map = make_tensor_map_3d(tensors.q, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kBytes, Cfg::kSwizzle);
-  p.k_map = make_tensor_map_3d(tensors.k, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
-  p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
+  // CTA pairs share every K/V block, so both tiles of a pair must read the same blocks: a
+  // causal mask (different diagonal per Q block) runs without them.
+  p.cta_pairs = Cfg::kMayPairCtas && schedule == Schedule::persistent_cta_pairs && !pr.causal;
+  const int kv_box_rows = p.cta_pairs ? Cfg::B_c / 2 : Cfg::B_c;  // each CTA of a pair loads half
+  p.k_map = make_tensor_map_3d(tensors.k, kType, pr.B * pr.Hkv, pr.Nk, D, kv_box_rows, kBytes, Cfg::kSwizzle);
+  p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, kv_box_rows, kBytes, Cfg::kSwizzle);
   p.o = static_cast<T*>(tensors.o);
   p.lse = tensors.lse;
   set_problem<Cfg>(p, pr);
 
-  const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
-  fa3_forward<V, D, T><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  if (!p.cta_pairs) {
+    const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
+    fa3_forward<V, D, T><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  p.n_units = pr.B * pr.H * ((p.m_blocks + 1) / 2);  // pairs of Q blocks
+  const int pairs = std::min(p.n_units, max_cta_pairs<fa3_forward<V, D, T>>(Cfg::kThreads, kSmemBytes));
+  const PairLaunch launch(unsigned(2 * pairs), Cfg::kThreads, kSmemBytes, stream);
+  CUDA_CHECK(cudaLaunchKernelEx(&launch.config, fa3_forward<V, D, T>, p));
 }
 
 }  // namespace attn::fa3

@@ -40,6 +40,11 @@ enum class Schedule {
   persistent,        // grid = as many CTAs as fit at once (one per SM here); each walks the
                      // tiles blockIdx.x, blockIdx.x + gridDim.x, ...: the producer loads the
                      // next tile's Q, K, V while the consumers finish the current one
+  persistent_cta_pairs,  // persistent, in clusters of two CTAs that take neighbouring Q blocks
+                         // of one head: each loads half of every K/V block into both (TMA
+                         // multicast), halving L2 -> shared-memory traffic. Without a causal
+                         // mask only (both tiles of a pair must read the same K/V blocks).
+                         // The ablation 06d_cta_pairs; slower than `persistent` (README).
 };
 
 // One instantiation per (variant, d, element type): fa3_<variant>.cu.in.

@@ -108,6 +108,40 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, in
       : "memory");
 }
 
+// The same box copied into the shared memory of every CTA of the cluster named in
+// `cta_mask` (bit i: CTA rank i), at this CTA's offset `dst`; each receiving CTA's mbarrier
+// at offset `bar` sees the bytes that land in its own shared memory.
+__device__ inline void tma_load_3d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar,
+                                             uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// Device: thread-block clusters (PTX ISA 9.7.12.3, 9.7.13.15)
+// ---------------------------------------------------------------------------------------
+
+// This CTA's rank in its cluster.
+__device__ inline uint32_t cluster_ctarank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+// Arrive on the mbarrier at the same shared-memory offset as `bar` in CTA `cta` of the
+// cluster (release at cluster scope: this thread's earlier shared-memory reads are done).
+__device__ inline void mbarrier_arrive_remote(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+// Every thread of every CTA of the cluster waits here for all the others.
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------------------
 // Device: wgmma (PTX ISA 9.7.15)
 // ---------------------------------------------------------------------------------------

@@ -29,6 +29,9 @@ Schedule one_tile(const AttnProblem&) { return Schedule::one_tile_per_cta; }
 Schedule persistent_unless_causal(const AttnProblem& p) {
   return p.causal ? Schedule::one_tile_per_cta : Schedule::persistent;
 }
+Schedule cta_pairs_unless_causal(const AttnProblem& p) {
+  return p.causal ? Schedule::one_tile_per_cta : Schedule::persistent_cta_pairs;
+}
 
 template <Variant V, int D>
 LaunchFn for_dtype(DType t) {
@@ -146,9 +149,12 @@ std::vector<Stage> fa3_stages() {
       make_stage<Variant::fa3, persistent_unless_causal>(
           "06d_fa3", "06c_pingpong",
           "intra-warpgroup overlap: next QK^T and this PV under the softmax; persistent CTAs"),
-      // Ablation: 06d with one tile per CTA, as 06a-c (same kernel, full grid).
+      // Ablations of 06d's schedule (same kernel): one tile per CTA, as 06a-c; persistent
+      // clusters of two CTAs that share each K/V block (TMA multicast; slower, README).
       make_stage<Variant::fa3, one_tile>("06d_one_tile_per_cta", "06d_fa3",
                                          "06d without persistent CTAs: one tile per CTA, no overlap across tiles"),
+      make_stage<Variant::fa3, cta_pairs_unless_causal>(
+          "06d_cta_pairs", "06d_fa3", "06d in CTA pairs: each K/V block loaded once per pair of Q blocks (multicast)"),
       make_fp8_stage("06_fp8", "", "FP8 e4m3 (QGMMA): block quantization + Hadamard incoherent processing",
                      {/*block_scales=*/true, /*hadamard=*/true}),
       make_fp8_stage("06_fp8_no_hadamard", "06_fp8", "FP8 ablation: block scales, no incoherent processing",
