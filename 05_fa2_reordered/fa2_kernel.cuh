@@ -361,6 +361,69 @@ __device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::k
     }
 }
 
+// The prefetch variant (Tile::kVAhead > 0): V_j fragments in registers before the softmax.
+//
+// pv_tile issues each ldmatrix of V_j next to the mma that consume it, and ptxas schedules
+// them: inside one basic block it hoists loads as far as registers allow (in the unrolled
+// k-loops of qk_tile and pv_tile, on average ~12 and ~24 mma lie between a fragment's load and
+// its use at d = 256; writing those loops with double-buffered fragment registers, FA2's order,
+// compiles to the same SASS). What
+// it does not do is move loads into an earlier basic block: the softmax (masked or not) is a
+// branch, so pv_tile's first mma wait for its first ldmatrix (short scoreboard) after every
+// softmax. The variant loads the first kVAhead steps of P_ij V_j right after the barrier that
+// proves V_j landed, before the softmax, and continues as a ring of register buffers:
+//
+//   V_j landed (barrier)  load f[0] <- step 0 .. f[A-1] <- step A-1        (A = kVAhead)
+//   softmax               (the loads complete meanwhile)
+//   step 0:               load f[A] <- step A        mma(f[0])
+//   step 1:               load f[0] <- step A+1      mma(f[1])            (ring of A + 1)
+//   ...
+//   step s:               load f[(s+A) % (A+1)]      mma(f[s % (A+1)])
+//
+// A step is one ldmatrix of V_j (keys 16kk.., d 16dp..; pv_tile's order) and the mma it feeds.
+// The loops are unrolled, so f[s % (A+1)] names registers (no copies, no local memory).
+
+template <class Cfg, typename T>
+__device__ __forceinline__ uint32_t v_lane_base(const T* sV, int lane) {
+  return lane_base<Cfg>(sV, lane % 16, lane / 16);  // as in pv_tile
+}
+// Step s of P_ij V_j: B = V_j[keys 16kk.., d 16dp..], kk = s / (d / 16), dp = s % (d / 16).
+template <class Cfg>
+__device__ __forceinline__ void load_v_step(uint32_t (&b)[4], uint32_t v_base, int s) {
+  constexpr int kDSteps = Cfg::kD / 16;
+  ptx::ldmatrix_x4_trans(b, frag_addr<Cfg>(v_base, (s / kDSteps) * 16, s % kDSteps));
+}
+
+// Steps 0 .. kVAhead - 1, issued once V_j has landed and before the softmax.
+template <class Cfg, typename T>
+__device__ __forceinline__ void load_v_head(uint32_t (&v_frags)[Cfg::kVAhead + 1][4], const T* sV, int lane) {
+  const uint32_t v_base = v_lane_base<Cfg>(sV, lane);
+#pragma unroll
+  for (int s = 0; s < Cfg::kVAhead; ++s) load_v_step<Cfg>(v_frags[s], v_base, s);
+}
+
+// O_i += P_ij V_j as pv_tile, with v_frags holding steps 0 .. kVAhead - 1 (load_v_head); step
+// s + kVAhead goes into the slot that step s - 1 has just freed.
+template <typename T, class Cfg>
+__device__ __forceinline__ void pv_tile_prefetch(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
+                                                 const uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4],
+                                                 uint32_t (&v_frags)[Cfg::kVAhead + 1][4], const T* sV, int lane) {
+  constexpr int kDSteps = Cfg::kD / 16, kSteps = Cfg::kWarpKeys / 16 * kDSteps, kRing = Cfg::kVAhead + 1;
+  static_assert(kSteps > Cfg::kVAhead, "fewer steps than fragments loaded ahead");
+  const uint32_t v_base = v_lane_base<Cfg>(sV, lane);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    if (s + Cfg::kVAhead < kSteps) load_v_step<Cfg>(v_frags[(s + Cfg::kVAhead) % kRing], v_base, s + Cfg::kVAhead);
+    const int kk = s / kDSteps, dp = s % kDSteps;
+    const uint32_t(&b)[4] = v_frags[s % kRing];
+#pragma unroll
+    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt) {
+      ptx::mma_16816<T>(O_i[mt][2 * dp], P_ij[mt][kk], b[0], b[1]);
+      ptx::mma_16816<T>(O_i[mt][2 * dp + 1], P_ij[mt][kk], b[2], b[3]);
+    }
+  }
+}
+
 // Algorithm 1, lines 12-15: O_i = diag(l_i)^-1 O_i, L_i = m_i + log(l_i); write both.
 // O_i goes through this warp's own rows of sQ (no other warp reads them) so that global
 // stores are whole 16-byte chunks of a row.
@@ -561,6 +624,8 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
       if (j + 1 < T_c) load_kv(sK, K, j + 1);  // K_{j+1}, while the softmax and P_ij V_j run
       ptx::cp_async_commit();
     }
+    uint32_t v_frags[Cfg::kVAhead + 1][4];  // the prefetch variant: P_ij V_j's first V_j fragments
+    if constexpr (Cfg::kPrefetch) load_v_head<Cfg>(v_frags, V_j, lane);  // V_j has landed (a barrier above)
     if (j < unmasked_blocks) {
       online_softmax<T, Cfg, kDelayedNorm, false>(S_ij, O_i, m_i, l_i, p.scale_log2, s_stats, lane);  // lines 9-10
     } else {  // block crosses the causal diagonal or the end of K
@@ -569,7 +634,10 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
     }
     uint32_t P_ij[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4];
     pack_p<T, Cfg>(P_ij, S_ij);
-    pv_tile<T, Cfg>(O_i, P_ij, V_j, lane);  // line 10: O_i += P_ij V_j
+    if constexpr (Cfg::kPrefetch)  // line 10: O_i += P_ij V_j
+      pv_tile_prefetch<T, Cfg>(O_i, P_ij, v_frags, V_j, lane);
+    else
+      pv_tile<T, Cfg>(O_i, P_ij, V_j, lane);
   }
 
   if constexpr (Cfg::kSplitKV)  // lines 12-15

@@ -20,7 +20,8 @@ template <int kD_,       // head dim d: each row of Q, K, V, O is d elements
           int kBc_,      // B_c, K/V rows per step: larger amortizes the softmax, costs S_ij registers and smem
           int kWarps_,   // warps per CTA: more warps, fewer rows (q_rows) or keys (kv_keys) and registers each
           int kStages_,  // (K, V) buffer pairs: 1 = FA2's split schedule (least smem), 2+ = a ring (one barrier per block)
-          WarpSplit kSplit_ = WarpSplit::q_rows>  // kv_keys: every warp holds all B_r rows of O_i, so B_r must be small
+          WarpSplit kSplit_ = WarpSplit::q_rows,  // kv_keys: every warp holds all B_r rows of O_i, so B_r must be small
+          int kVAhead_ = 0>  // V_j fragments of P_ij V_j loaded before the softmax (0: none): less waiting, more registers
 struct Tile {
   static constexpr int kD = kD_;
   static constexpr int kBr = kBr_;
@@ -28,6 +29,8 @@ struct Tile {
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;
   static constexpr bool kSplitKV = kSplit_ == WarpSplit::kv_keys;
+  static constexpr int kVAhead = kVAhead_;  // the prefetch variant (fa2_kernel.cuh: pv_tile_prefetch)
+  static constexpr bool kPrefetch = kVAhead > 0;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kWarpRows = kSplitKV ? kBr : kBr / kWarps;  // rows of S and O one warp holds
   static constexpr int kWarpKeys = kSplitKV ? kBc / kWarps : kBc;  // keys of each K_j, V_j one warp reads
@@ -57,11 +60,16 @@ using Tile256 = Tile<256, 64, 64, 4, 1>;   // 99 KiB smem: 2 CTAs per SM
 // 16 keys of every K/V block for all rows. B_r = 32 keeps a warp's O_i at 05's 32 x 128 fp32
 // (128 registers per thread); B_r = 64 would need 256.
 using Tile128SplitKV = Tile<128, 32, 64, 4, 2, WarpSplit::kv_keys>;  // 77 KiB smem: 2 CTAs per SM
+// The prefetch variant: 05's tiles, with the first V_j fragments of P_ij V_j loaded before the
+// softmax (each feeds 2 mma at d = 256, 4 at d = 128; 8 more at d = 128 would spill).
+using Tile128Prefetch = Tile<128, 128, 64, 4, 2, WarpSplit::q_rows, /*kVAhead=*/2>;  // 254 registers
+using Tile256Prefetch = Tile<256, 64, 64, 4, 1, WarpSplit::q_rows, /*kVAhead=*/8>;   // 235 registers
 
-// Enqueue the forward kernel. Three ablations: kDelayedNorm = false divides O_i by l_i at
+// Enqueue the forward kernel. Three ablations and a variant: kDelayedNorm = false divides O_i by l_i at
 // every step, as FlashAttention-1 does; kOneCtaPerHead launches FA1's grid (B * H CTAs,
 // each walking its head's Q blocks) instead of one CTA per Q block; a TileCfg with
-// WarpSplit::kv_keys splits K_j, V_j across the warps instead of Q_i (FA1's split-K). Defined in
+// WarpSplit::kv_keys splits K_j, V_j across the warps instead of Q_i (FA1's split-K); a TileCfg
+// with kVAhead > 0 loads P_ij V_j's first V_j fragments before the softmax (the variant). Defined in
 // fa2_kernel.cuh, instantiated per (head dim, dtype) by the generated
 // fa2_*instance_d<d>_<dtype>.cu files.
 template <typename T, class TileCfg, bool kDelayedNorm, bool kOneCtaPerHead = false>

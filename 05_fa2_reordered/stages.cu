@@ -59,6 +59,18 @@ void launch_ablation(const AttnProblem& p, const AttnTensors& t, cudaStream_t st
   return fa2::launch_fa2<__half, Cfg, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
 }
 
+// The prefetch variant: 05's tiles with kVAhead > 0 (fa2_tiles.h), d = 128 and 256.
+template <typename T>
+void launch_prefetch_typed(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  if (p.d == 128) return fa2::launch_fa2<T, fa2::Tile128Prefetch, true>(p, t, stream);
+  return fa2::launch_fa2<T, fa2::Tile256Prefetch, true>(p, t, stream);
+}
+
+void launch_prefetch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  if (p.dtype == DType::bf16) return launch_prefetch_typed<__nv_bfloat16>(p, t, stream);
+  return launch_prefetch_typed<__half>(p, t, stream);
+}
+
 }  // namespace
 
 std::vector<Stage> fa2_stages() {
@@ -107,7 +119,16 @@ std::vector<Stage> fa2_stages() {
   split_kv.launch = launch_ablation<SplitKV, /*kDelayedNorm=*/true, /*kOneCtaPerHead=*/false>;
   split_kv.model_hbm_bytes = [](const AttnProblem& p) { return hbm::fa2_bytes(p, SplitKV::kBr, SplitKV::kBc); };
 
-  return {fa2, no_delay, one_cta, split_kv};
+  // Variant: 05 with the first V_j fragments of P_ij V_j loaded into registers before the
+  // softmax (Tile::kVAhead), so that the first mma of P_ij V_j need not wait for ldmatrix.
+  Stage prefetch = fa2;
+  prefetch.name = "05_fa2_prefetch";
+  prefetch.prev = "05_fa2_reordered";
+  prefetch.summary = "05 with P_ij V_j's first V_j fragments loaded (ldmatrix) before the softmax";
+  prefetch.head_dims = {128, 256};
+  prefetch.launch = launch_prefetch;
+
+  return {fa2, no_delay, one_cta, split_kv, prefetch};
 }
 
 }  // namespace attn
