@@ -44,7 +44,7 @@ enum class Schedule {
                          // of one head: each loads half of every K/V block into both (TMA
                          // multicast), halving L2 -> shared-memory traffic. Without a causal
                          // mask only (both tiles of a pair must read the same K/V blocks).
-                         // The ablation 06d_cta_pairs; slower than `persistent` (README).
+                         // The ablation 06d_cta_pairs; no faster than `persistent` (README).
 };
 
 // One instantiation per (variant, d, element type): fa3_<variant>.cu.in.

@@ -131,11 +131,11 @@ __device__ inline uint32_t cluster_ctarank() {
   return rank;
 }
 // Arrive on the mbarrier at the same shared-memory offset as `bar` in CTA `cta` of the
-// cluster (release at cluster scope: this thread's earlier shared-memory reads are done).
+// cluster (default semantics, release at CTA scope, as for a local arrive).
 __device__ inline void mbarrier_arrive_remote(uint64_t* bar, uint32_t cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 // Every thread of every CTA of the cluster waits here for all the others.
 __device__ inline void cluster_sync() {

@@ -150,7 +150,7 @@ std::vector<Stage> fa3_stages() {
           "06d_fa3", "06c_pingpong",
           "intra-warpgroup overlap: next QK^T and this PV under the softmax; persistent CTAs"),
       // Ablations of 06d's schedule (same kernel): one tile per CTA, as 06a-c; persistent
-      // clusters of two CTAs that share each K/V block (TMA multicast; slower, README).
+      // clusters of two CTAs that share each K/V block (TMA multicast; no faster, README).
       make_stage<Variant::fa3, one_tile>("06d_one_tile_per_cta", "06d_fa3",
                                          "06d without persistent CTAs: one tile per CTA, no overlap across tiles"),
       make_stage<Variant::fa3, cta_pairs_unless_causal>(
