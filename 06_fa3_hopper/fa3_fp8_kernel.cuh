@@ -87,20 +87,12 @@ struct Fp8Params {
   bool cta_pairs = false;  // the FP8 path keeps one CTA per cluster (fa3_kernel.cuh: Schedule)
 };
 
-// Producer (one thread): Q̂_i, then K̂_j and V̂_jᵀ into the ring (as 06's produce, with Vᵀ
-// loaded as one box of d rows x B_c keys).
+// V̂_jᵀ into ring stage `stage` (the producer's V copy, fa3_kernel.cuh: produce): one box of
+// d rows x B_c keys.
 template <class Cfg, class Smem>
-__device__ void produce_fp8(Smem& s, const Fp8Params& p, const Tile& t) {
-  mbarrier_wait(&s.q_empty, (t.seq & 1) ^ 1);
-  load_q<Cfg>(s, p, t);
-  for (int j = 0; j < t.n_blocks; ++j) {
-    const Slot<Cfg> slot(t.kv0 + j);
-    mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
-    load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage], p);
-    mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
-    mbarrier_arrive_expect_tx(&s.v_full[slot.stage], Cfg::kKVBytes);
-    tma_load_3d(s.vt[slot.stage], &p.vt_map, j * Cfg::B_c, 0, t.kv_head, &s.v_full[slot.stage]);
-  }
+__device__ void load_vt(Smem& s, const Fp8Params& p, const Tile& t, int stage, int j) {
+  mbarrier_arrive_expect_tx(&s.v_full[stage], Cfg::kKVBytes);
+  tma_load_3d(s.vt[stage], &p.vt_map, j * Cfg::B_c, 0, t.kv_head, &s.v_full[stage]);
 }
 
 // O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([d rows][B_c keys]:
@@ -166,87 +158,71 @@ __device__ void to_operand_fp8(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[
     }
 }
 
-// Consumer warpgroup: 06d's software pipeline over K/V blocks for its 64 rows of Q̂_i.
+// What a block does in FP8 (overlapped_blocks in fa3_kernel.cuh): the softmax dequantizes
+// Ŝ_ij with q_scale * k_scale_j, and O_i is kept in units of the scale of the last V_j whose
+// P V was issued, moved to V_j's units with the rescale the softmax does anyway
+// (alpha * v_scale_(j-1) / v_scale_j).
+template <class Cfg, int D, class Smem>
+struct Fp8Blocks {
+  Smem& s;
+  float scale_log2;
+  float q_scale;         // this warpgroup's Q block
+  const float* k_scale;  // the head's K and V blocks
+  const float* v_scale;
+  float dequant = 0.f, v_scale_next = 0.f;  // block j's, read by begin(j)
+  float v_scale_cur;                        // the units O_i is kept in
+  __device__ Fp8Blocks(Smem& s_, float scale_log2_, float q_scale_, const float* k_scale_, const float* v_scale_)
+      : s(s_), scale_log2(scale_log2_), q_scale(q_scale_), k_scale(k_scale_), v_scale(v_scale_),
+        v_scale_cur(v_scale_[0]) {}
+  __device__ void begin(int j) {
+    dequant = q_scale * k_scale[j];
+    v_scale_next = v_scale[j];
+  }
+  __device__ void softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+    online_softmax_fp8<Cfg>(S, m, l, alpha, scale_log2, dequant);
+  }
+  __device__ void to_units(float (&alpha)[2]) {
+    const float to_next = v_scale_cur / v_scale_next;
+    alpha[0] *= to_next;
+    alpha[1] *= to_next;
+    v_scale_cur = v_scale_next;
+  }
+  __device__ void to_operand(const float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
+    to_operand_fp8<Cfg>(S, P_op);
+  }
+  __device__ void pv(float (&O)[D / 2], const uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], int stage) {
+    gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[stage]);
+  }
+};
+
+// Consumer warpgroup: 06d's software pipeline (overlapped_blocks) for its 64 rows of Q̂_i.
 template <class Cfg, int D, class Smem>
 __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const TurnTaking<Cfg>& turn) {
-  constexpr int B_c = Cfg::B_c;
   constexpr float kPOffset = float(1 << Cfg::kPOffsetLog2);  // removed from l_i and O_i at the end
   const Fragment f;
   const int wg_row0 = t.row0 + turn.wg * kWarpgroupRows;
-  const E4m3* Q_i = s.q[turn.wg];
-  auto q_done_after = [&](int j) {  // after the tile's last Q K_jᵀ, Q_i's buffer is free
-    if (j == t.n_blocks - 1) release(&s.q_empty);
-  };
   // Dequantization scales of this warpgroup's Q block and of the head's K/V blocks. A
   // warpgroup whose rows all lie past Nq computes on zeros and writes nothing.
-  const float q_scale = p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)];
-  const float* k_scale = p.k_scale + int64_t(t.kv_head) * p.kv_blocks;
-  const float* v_scale = p.v_scale + int64_t(t.kv_head) * p.kv_blocks;
+  Fp8Blocks<Cfg, D, Smem> blocks(s, p.scale_log2,
+                                 p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)],
+                                 p.k_scale + int64_t(t.kv_head) * p.kv_blocks,
+                                 p.v_scale + int64_t(t.kv_head) * p.kv_blocks);
 
-  float O[D / 2];                     // O_i accumulator, in units of v_scale_j
-  float S[B_c / 2];                   // Ŝ_ij, then P_ij in place
-  uint32_t P_op[B_c / Cfg::kK][4];    // P_ij as the e4m3 A operand
+  float O[D / 2];                     // O_i accumulator, in units of blocks.v_scale_cur
+  uint32_t P_op[Cfg::B_c / Cfg::kK][4];  // P_ij as the e4m3 A operand
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
-  float alpha[2];
-  float v_scale_prev = 1.f;  // v_scale of the block whose P V was issued last
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) O[i] = 0.f;
 
   mbarrier_wait(&s.q_full, t.seq & 1);
-  q_done_after(-1);  // a tile with no visible K/V block never reads Q_i
-  if (t.n_blocks > 0) {
-    // Block 0: Ŝ_i0 and its softmax alone.
-    const Slot<Cfg> first(t.kv0);
-    mbarrier_wait(&s.k_full[first.stage], first.phase);
-    turn.wait_turn();
-    gemm_qk<Cfg>(S, Q_i, s.k[first.stage]);
-    turn.pass_turn();
-    wgmma_wait<0>();
-    pin_registers(S);
-    release(&s.k_empty[first.stage]);
-    q_done_after(0);
-    if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
-    online_softmax_fp8<Cfg>(S, m, l, alpha, p.scale_log2, q_scale * k_scale[0]);
-    to_operand_fp8<Cfg>(S, P_op);
-    v_scale_prev = v_scale[0];
-    for (int j = 1; j < t.n_blocks; ++j) {
-      const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
-      const float dequant = q_scale * k_scale[j], v_scale_j = v_scale[j];
-      // Issue Ŝ_ij = Q̂_i K̂_jᵀ and O_i += P_i(j-1) V_(j-1); both run during the softmax below.
-      mbarrier_wait(&s.k_full[cur.stage], cur.phase);
-      turn.wait_turn();
-      gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
-      mbarrier_wait(&s.v_full[prev.stage], prev.phase);
-      gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[prev.stage]);
-      turn.pass_turn();
-      wgmma_wait<1>();  // Ŝ_ij has landed; the P V is still running
-      pin_registers(S);
-      release(&s.k_empty[cur.stage]);
-      q_done_after(j);
-      if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
-      online_softmax_fp8<Cfg>(S, m, l, alpha, p.scale_log2, dequant);
-      wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
-      pin_registers(O);
-      release(&s.v_empty[prev.stage]);
-      const float to_units_j = v_scale_prev / v_scale_j;  // O_i from units of v_scale_(j-1) to v_scale_j
-      alpha[0] *= to_units_j;
-      alpha[1] *= to_units_j;
-      rescale<D>(O, alpha);
-      to_operand_fp8<Cfg>(S, P_op);
-      v_scale_prev = v_scale_j;
-    }
-    // The last block's O_i += P V.
-    const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);
-    mbarrier_wait(&s.v_full[last.stage], last.phase);
-    gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[last.stage]);
-    wgmma_wait<0>();
-    pin_registers(O);
-    release(&s.v_empty[last.stage]);
-  }
+  if (t.n_blocks == 0)
+    release(&s.q_empty);  // a tile with no visible K/V block never reads Q̂_i
+  else
+    overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
   // Back to real units: O_i times the last v_scale, and the 2^8 of P out of O_i and l_i
   // (exact: a power of two), so that write_output's O / l and lse = m + log l hold.
-  const float o_units[2] = {v_scale_prev / kPOffset, v_scale_prev / kPOffset};
+  const float o_units[2] = {blocks.v_scale_cur / kPOffset, blocks.v_scale_cur / kPOffset};
   rescale<D>(O, o_units);
   l[0] /= kPOffset;
   l[1] /= kPOffset;
@@ -261,17 +237,9 @@ __global__ void __launch_bounds__(Fp8Config<D>::kThreads, 1) fa3_fp8_forward(con
   Smem& s = aligned_shared<Smem>(smem_raw);
   init_barriers<Cfg>(s);
 
-  const int wg = threadIdx.x / Cfg::kWgThreads;
-  if (wg == 0) {  // producer: one thread issues every copy
-    setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) for_each_tile<Cfg>(p, [&](const Tile& t) { produce_fp8<Cfg>(s, p, t); });
-  } else {
-    setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const TurnTaking<Cfg> turn{wg - 1};  // the turns run on from one tile to the next
-    turn.start();
-    for_each_tile<Cfg>(p, [&](const Tile& t) { consume_fp8<Cfg, D>(s, p, t, turn); });
-    turn.finish();
-  }
+  warp_specialized_cta<Cfg>(
+      p, [&](const Tile& t) { produce<Cfg>(s, p, t, [&](int stage, int j) { load_vt<Cfg>(s, p, t, stage, j); }); },
+      [&](const Tile& t, const TurnTaking<Cfg>& turn) { consume_fp8<Cfg, D>(s, p, t, turn); });
 }
 
 template <int D>

@@ -191,11 +191,12 @@ __device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, 
   }
 }
 
-// 06b-d producer (one thread), per tile: Q_i once the consumers are done with the last
-// tile's, then K_j and V_j into the ring, each stage reused once every consumer warp
-// released it ("empty" barriers; on the first lap they pass at once).
-template <class Cfg, typename T, class Smem>
-__device__ void produce(Smem& s, const Params<T>& p, const Tile& t) {
+// The producer (one thread; 06b-d and the FP8 kernel), per tile: Q_i once the consumers
+// are done with the last tile's, then K_j and V_j into the ring, each stage reused once
+// every consumer warp released it ("empty" barriers; on the first lap they pass at once).
+// `load_v(stage, j)` copies V_j (the FP8 path: V̂_jᵀ) and completes on v_full[stage].
+template <class Cfg, class Smem, class Prm, class LoadV>
+__device__ void produce(Smem& s, const Prm& p, const Tile& t, LoadV&& load_v) {
   mbarrier_wait(&s.q_empty, (t.seq & 1) ^ 1);
   load_q<Cfg>(s, p, t);
   for (int j = 0; j < t.n_blocks; ++j) {
@@ -203,7 +204,7 @@ __device__ void produce(Smem& s, const Params<T>& p, const Tile& t) {
     mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
     load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage], p);
     mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
-    load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage], p);
+    load_v(slot.stage, j);
   }
 }
 
@@ -409,6 +410,94 @@ __device__ inline void release_kv(uint64_t* empty, const Prm& p) {
 }
 
 // ---------------------------------------------------------------------------------------
+// 06d's software pipeline over one tile's K/V blocks, shared by the bf16/fp16 kernel and
+// the FP8 kernel. What differs between them is what a block does, supplied by `Blocks`:
+//   begin(j)                    before block j's S GEMM is issued (the FP8 path reads
+//                               its scales here, so their loads overlap the waits)
+//   softmax(S, m, l, alpha)     online softmax of block j's scores, in place
+//   to_units(alpha)             just before O_i *= alpha (the FP8 path moves O_i into
+//                               the units of V_j's scale)
+//   to_operand(S, P_op)         P_ij as the A operand of the P V wgmma
+//   pv(O, P_op, stage)          issue O_i += P V of the block in ring stage `stage`
+// ---------------------------------------------------------------------------------------
+
+template <class Cfg, int D, class Smem, class Prm, class Blocks>
+__device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const TurnTaking<Cfg>& turn, int wg_row0,
+                                  float (&O)[D / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
+                                  float (&l)[2], Blocks& blocks) {
+  const Fragment f;
+  const auto* Q_i = s.q[turn.wg];
+  float S[Cfg::B_c / 2];  // S_ij, then P_ij in place
+  float alpha[2];         // exp(m_old - m_new), rescales O_i
+  // After the tile's last Q K_jᵀ has landed, Q_i's buffer may take the next tile's Q.
+  auto q_done_after = [&](int j) {
+    if (j == t.n_blocks - 1) release(&s.q_empty);
+  };
+  // Block 0: S_i0 and its softmax alone.
+  const Slot<Cfg> first(t.kv0);
+  blocks.begin(0);
+  mbarrier_wait(&s.k_full[first.stage], first.phase);
+  turn.wait_turn();
+  gemm_qk<Cfg>(S, Q_i, s.k[first.stage]);
+  turn.pass_turn();
+  wgmma_wait<0>();
+  pin_registers(S);
+  release_kv<Cfg>(&s.k_empty[first.stage], p);
+  q_done_after(0);
+  if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
+  blocks.softmax(S, m, l, alpha);  // O_i is still 0: nothing to rescale
+  blocks.to_operand(S, P_op);
+  for (int j = 1; j < t.n_blocks; ++j) {
+    const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
+    blocks.begin(j);
+    // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1); both run during the softmax below.
+    mbarrier_wait(&s.k_full[cur.stage], cur.phase);
+    turn.wait_turn();
+    gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
+    mbarrier_wait(&s.v_full[prev.stage], prev.phase);
+    blocks.pv(O, P_op, prev.stage);
+    turn.pass_turn();
+    wgmma_wait<1>();  // S_ij has landed; the P V is still running
+    pin_registers(S);
+    release_kv<Cfg>(&s.k_empty[cur.stage], p);
+    q_done_after(j);
+    if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
+    blocks.softmax(S, m, l, alpha);
+    wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
+    pin_registers(O);
+    release_kv<Cfg>(&s.v_empty[prev.stage], p);
+    blocks.to_units(alpha);
+    rescale<D>(O, alpha);
+    blocks.to_operand(S, P_op);
+  }
+  // The last block's O_i += P V.
+  const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);
+  mbarrier_wait(&s.v_full[last.stage], last.phase);
+  blocks.pv(O, P_op, last.stage);
+  wgmma_wait<0>();
+  pin_registers(O);
+  release_kv<Cfg>(&s.v_empty[last.stage], p);
+}
+
+// What a block does in bf16/fp16 (overlapped_blocks): FA2's online softmax, O_i in real units.
+template <class Cfg, int D, typename T, class Smem>
+struct HalfBlocks {
+  Smem& s;
+  float scale_log2;
+  __device__ void begin(int) {}
+  __device__ void softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+    online_softmax<Cfg>(S, m, l, alpha, scale_log2);
+  }
+  __device__ void to_units(float (&)[2]) {}
+  __device__ void to_operand(const float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
+    fa3::to_operand<Cfg, T>(S, P_op);
+  }
+  __device__ void pv(float (&O)[D / 2], const uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], int stage) {
+    gemm_pv<Cfg, T, D>(O, P_op, s.v[stage]);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
 // Consumer warpgroup: FA2's inner loop over K/V blocks for its 64 rows of Q_i.
 // ---------------------------------------------------------------------------------------
 
@@ -474,47 +563,8 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
     if constexpr (!Cfg::kWarpSpecialized)
       __syncthreads();  // 06a: every thread saw this tile's Q_i arrive before thread 0 loads the next
   } else if (t.n_blocks > 0) {
-    // 06d: software pipeline over blocks. Block 0: S_i0 and its softmax alone.
-    const Slot<Cfg> first(t.kv0);
-    mbarrier_wait(&s.k_full[first.stage], first.phase);
-    turn.wait_turn();
-    gemm_qk<Cfg>(S, Q_i, s.k[first.stage]);
-    turn.pass_turn();
-    wgmma_wait<0>();
-    pin_registers(S);
-    release_kv<Cfg>(&s.k_empty[first.stage], p);
-    q_done_after(0);
-    if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
-    online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);  // O_i is still 0: nothing to rescale
-    to_operand<Cfg, T>(S, P_op);
-    for (int j = 1; j < t.n_blocks; ++j) {
-      const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
-      // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1); both run during the softmax below.
-      mbarrier_wait(&s.k_full[cur.stage], cur.phase);
-      turn.wait_turn();
-      gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
-      mbarrier_wait(&s.v_full[prev.stage], prev.phase);
-      gemm_pv<Cfg, T, D>(O, P_op, s.v[prev.stage]);
-      turn.pass_turn();
-      wgmma_wait<1>();  // S_ij has landed; the P V is still running
-      pin_registers(S);
-      release_kv<Cfg>(&s.k_empty[cur.stage], p);
-      q_done_after(j);
-      if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
-      online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);
-      wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
-      pin_registers(O);
-      release_kv<Cfg>(&s.v_empty[prev.stage], p);
-      rescale<D>(O, alpha);
-      to_operand<Cfg, T>(S, P_op);
-    }
-    // The last block's O_i += P V.
-    const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);
-    mbarrier_wait(&s.v_full[last.stage], last.phase);
-    gemm_pv<Cfg, T, D>(O, P_op, s.v[last.stage]);
-    wgmma_wait<0>();
-    pin_registers(O);
-    release_kv<Cfg>(&s.v_empty[last.stage], p);
+    HalfBlocks<Cfg, D, T, Smem> blocks{s, p.scale_log2};
+    overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
   }
   write_output<D, T>(O, m, l, f, t.bh, wg_row0, p);
 }
@@ -552,6 +602,24 @@ __device__ inline void init_barriers(Smem& s, bool cta_pairs = false) {
 // The kernel: each CTA walks its tiles (B_r query rows, head, batch); see Schedule.
 // ---------------------------------------------------------------------------------------
 
+// A warp-specialized CTA (06b-d and the FP8 kernel): warpgroup 0 gives registers back and
+// one of its threads issues every copy, tile by tile; the consumer warpgroups take the
+// registers and compute each tile, taking turns that run on from one tile to the next.
+template <class Cfg, class Prm, class Produce, class Consume>
+__device__ void warp_specialized_cta(const Prm& p, Produce&& produce_tile, Consume&& consume_tile) {
+  const int wg = threadIdx.x / Cfg::kWgThreads;
+  if (wg == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) for_each_tile<Cfg>(p, produce_tile);
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const TurnTaking<Cfg> turn{wg - 1};
+    turn.start();
+    for_each_tile<Cfg>(p, [&](const Tile& t) { consume_tile(t, turn); });
+    turn.finish();
+  }
+}
+
 template <Variant V, int D, typename T>
 __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(const __grid_constant__ Params<T> p) {
   using Cfg = Config<V, D, T>;
@@ -561,17 +629,14 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
   init_barriers<Cfg>(s, Cfg::kMayPairCtas && p.cta_pairs);
 
   if constexpr (Cfg::kWarpSpecialized) {
-    const int wg = threadIdx.x / Cfg::kWgThreads;
-    if (wg == 0) {  // producer: one thread issues every copy
-      setmaxnreg_dec<Cfg::kProducerRegs>();
-      if (threadIdx.x == 0) for_each_tile<Cfg>(p, [&](const Tile& t) { produce<Cfg>(s, p, t); });
-    } else {
-      setmaxnreg_inc<Cfg::kConsumerRegs>();
-      const TurnTaking<Cfg> turn{wg - 1};  // the turns run on from one tile to the next
-      turn.start();
-      for_each_tile<Cfg>(p, [&](const Tile& t) { consume<Cfg, D>(s, p, t, turn); });
-      turn.finish();
-    }
+    warp_specialized_cta<Cfg>(
+        p,
+        [&](const Tile& t) {
+          produce<Cfg>(s, p, t, [&](int stage, int j) {
+            load_kv<Cfg>(s.v[stage], &p.v_map, j, t.kv_head, &s.v_full[stage], p);
+          });
+        },
+        [&](const Tile& t, const TurnTaking<Cfg>& turn) { consume<Cfg, D>(s, p, t, turn); });
   } else {
     const TurnTaking<Cfg> turn{0};  // no ping-pong: every call is empty
     for_each_tile<Cfg>(p, [&](const Tile& t) { consume<Cfg, D>(s, p, t, turn); });
