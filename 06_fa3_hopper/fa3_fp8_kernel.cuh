@@ -1,7 +1,8 @@
 // FlashAttention-3 FP8 forward (§3.3): the 06d pipeline (producer warpgroup + K/V ring,
 // two consumer warpgroups (three at d = 64), ping-pong at d <= 128, intra-warpgroup
 // overlap) on e4m3 tiles.
-// It reuses 06's loads, masking, turn-taking and epilogue (fa3_kernel.cuh); what changes:
+// It reuses 06's producer, block pipeline (overlapped_blocks), masking, turn-taking and
+// epilogue (fa3_kernel.cuh); what a block does differs (Fp8Blocks):
 //
 //   - both GEMMs are QGMMA (wgmma ...k32.f32.e4m3.e4m3): 32 keys or dims per instruction;
 //   - V arrives as Vᵀ (keys contiguous; QGMMA reads B K-major only), with its keys
