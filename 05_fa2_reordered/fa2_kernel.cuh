@@ -57,6 +57,7 @@
 #include "05_fa2_reordered/ptx.cuh"
 #include "common/check.h"
 #include "common/stage.h"
+#include "common/tile_order.h"
 
 namespace attn::fa2 {
 
@@ -69,9 +70,11 @@ struct Params {
   float* lse;   // [B, H, Nq] or null
   int H, Hkv, group, Nq, Nk;
   int T_r;           // Q blocks per head
+  TileOrder order;   // which (head, Q block) CTA blockIdx.x takes (common/tile_order.h)
   bool causal;
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e): exp(scale * x) = exp2(scale_log2 * x)
+  float rescale_log2;  // lazy rescaling: O_i is rescaled once a row max grows by more (online_softmax)
 };
 
 constexpr unsigned kFullWarp = 0xffffffffu;
@@ -254,11 +257,12 @@ template <typename T, class Cfg, bool kDelayedNorm, bool kMasked>
 __device__ __forceinline__ void softmax_row(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
                                             float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
                                             float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2], int mt,
-                                            int half, float row_max, float scale_log2) {
+                                            int half, float row_max, float scale_log2, bool rescale_o) {
   // In a masked block a row may have seen no key yet (m = -inf): subtract 0 so that P = 0,
   // not NaN. In an unmasked block every row sees every key, so m is finite.
   const float max_scaled = (kMasked && row_max == -INFINITY) ? 0.f : row_max * scale_log2;
-  const float alpha = exp2_approx(m_i[mt][half] * scale_log2 - max_scaled);  // e^(m_old - m_new); 0 if m_old = -inf
+  // e^(m_old - m_new); 0 if m_old = -inf; 1 when the warp keeps its m_i (lazy rescaling)
+  const float alpha = rescale_o ? exp2_approx(m_i[mt][half] * scale_log2 - max_scaled) : 1.f;
   m_i[mt][half] = row_max;
   float row_sum = 0.f;
 #pragma unroll
@@ -284,27 +288,42 @@ __device__ __forceinline__ void softmax_row(float (&S_ij)[Frag<Cfg>::kM][Frag<Cf
 #pragma unroll
       for (int e = 0; e < 2; ++e) S_ij[mt][nt][2 * half + e] *= inv_l;
   }
+  if (rescale_o)
 #pragma unroll
-  for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+    for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= o_scale;
+      for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= o_scale;
 }
 
 // Algorithm 1, lines 9-10 for all of this warp's rows. FA2: a row's max is complete within the
 // warp, so each row is finished before the next. Split-K: the warps first agree on the max of
 // every row (cta_row_max, s_row_max), then finish the rows.
-template <typename T, class Cfg, bool kDelayedNorm, bool kMasked>
+template <typename T, class Cfg, bool kDelayedNorm, bool kMasked, bool kLazy>
 __device__ __forceinline__ void online_softmax(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
                                                float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
                                                float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2],
-                                               float scale_log2, float* s_row_max, int lane) {
+                                               float scale_log2, float rescale_log2, float* s_row_max, int lane) {
   if constexpr (!Cfg::kSplitKV) {
+    // Lazy rescaling (with kDelayedNorm): the warp keeps its m_i, and skips the multiplies
+    // of O_i, unless some row max grew by more than 2^rescale_log2 in the exponent's units.
+    // P_ij <= 2^rescale_log2 then, and l_i, O_i still refer to the same m_i: exact.
+    float row_max[Frag<Cfg>::kM][2];  // max(m_i, rowmax(S_ij))
+    bool grew = false;
+#pragma unroll
+    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        row_max[mt][half] = quad_row_max<Cfg>(S_ij, mt, half, m_i[mt][half]);
+        grew |= (row_max[mt][half] - m_i[mt][half]) * scale_log2 > rescale_log2;  // -inf - (-inf): false
+      }
+    static_assert(!kLazy || kDelayedNorm, "lazy rescaling keeps l_i and O_i in the same units");
+    const bool moved = !kLazy || __any_sync(kFullWarp, grew);
 #pragma unroll
     for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
         softmax_row<T, Cfg, kDelayedNorm, kMasked>(S_ij, O_i, m_i, l_i, mt, half,
-                                                   quad_row_max<Cfg>(S_ij, mt, half, m_i[mt][half]), scale_log2);
+                                                   moved ? row_max[mt][half] : m_i[mt][half], scale_log2, moved);
   } else {
     static_assert(kDelayedNorm, "split-K sums the warps' l_i after the loop");
     float row_max[Frag<Cfg>::kM][2];
@@ -317,7 +336,8 @@ __device__ __forceinline__ void online_softmax(float (&S_ij)[Frag<Cfg>::kM][Frag
     for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        softmax_row<T, Cfg, kDelayedNorm, kMasked>(S_ij, O_i, m_i, l_i, mt, half, row_max[mt][half], scale_log2);
+        softmax_row<T, Cfg, kDelayedNorm, kMasked>(S_ij, O_i, m_i, l_i, mt, half, row_max[mt][half], scale_log2,
+                                                   /*rescale_o=*/true);
   }
 }
 
@@ -537,13 +557,12 @@ __device__ __forceinline__ void write_output_split_kv(const float (&O_i)[Frag<Cf
 }
 
 // One Q block i of head bh: Algorithm 1, lines 4-15. s_stats: split-K only.
-template <typename T, class Cfg, bool kDelayedNorm>
+template <typename T, class Cfg, bool kDelayedNorm, bool kLazy>
 __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK, T* sV, float* s_stats, int bh,
-                                               int q_block) {
+                                               int i) {
   constexpr int D = Cfg::kD, B_r = Cfg::kBr, B_c = Cfg::kBc, kStages = Cfg::kStages;
   constexpr int kTileKV = B_c * Cfg::kStride;  // elements per padded K or V tile
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int i = p.causal ? p.T_r - 1 - q_block : q_block;  // causal: the longest rows first
   const int b = bh / p.H, h = bh % p.H, h_kv = h / p.group;
   const T* Q = p.q + int64_t(bh) * p.Nq * D;
   const T* K = p.k + (int64_t(b) * p.Hkv + h_kv) * p.Nk * D;
@@ -627,10 +646,10 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
     uint32_t v_frags[Cfg::kVAhead + 1][4];  // the prefetch variant: P_ij V_j's first V_j fragments
     if constexpr (Cfg::kPrefetch) load_v_head<Cfg>(v_frags, V_j, lane);  // V_j has landed (a barrier above)
     if (j < unmasked_blocks) {
-      online_softmax<T, Cfg, kDelayedNorm, false>(S_ij, O_i, m_i, l_i, p.scale_log2, s_stats, lane);  // lines 9-10
+      online_softmax<T, Cfg, kDelayedNorm, false, kLazy>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2, s_stats, lane);  // lines 9-10
     } else {  // block crosses the causal diagonal or the end of K
       mask_tile<T, Cfg>(S_ij, p, row0 + warp_first_row<Cfg>(warp), j * B_c + warp_first_key<Cfg>(warp), lane);
-      online_softmax<T, Cfg, kDelayedNorm, true>(S_ij, O_i, m_i, l_i, p.scale_log2, s_stats, lane);
+      online_softmax<T, Cfg, kDelayedNorm, true, kLazy>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2, s_stats, lane);
     }
     uint32_t P_ij[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4];
     pack_p<T, Cfg>(P_ij, S_ij);
@@ -654,20 +673,22 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_forward_kernel(const Params
   T* sV = sK + Cfg::kStages * Cfg::kBc * Cfg::kStride;  // kStages x [B_c, kStride]
   float* s_stats = reinterpret_cast<float*>(sV + Cfg::kStages * Cfg::kBc * Cfg::kStride);  // split-K: kStatsBytes
   if constexpr (!kOneCtaPerHead) {
-    // blockIdx.x = (b * H + h) * T_r + q_block: the CTAs of one head are adjacent (K, V stay
-    // in L2). This grid over the sequence is what FA2's loop order makes possible.
-    attend_q_block<T, Cfg, kDelayedNorm>(p, sQ, sK, sV, s_stats, blockIdx.x / p.T_r, blockIdx.x % p.T_r);
+    // One CTA per (head, Q block): the grid over the sequence that FA2's loop order makes
+    // possible. The CTAs of a few heads are adjacent (their K, V stay in L2), and with a
+    // causal mask the longest Q blocks come first (tile_at).
+    const TileCoord tile = tile_at(p.order, int(blockIdx.x));
+    attend_q_block<T, Cfg, kDelayedNorm, kDelayedNorm && !Cfg::kPrefetch>(p, sQ, sK, sV, s_stats, tile.bh, tile.m_block);
   } else {
     // Ablation: FA1's grid, one CTA per (batch, head), the Q blocks one after another.
     for (int q_block = 0; q_block < p.T_r; ++q_block) {
-      attend_q_block<T, Cfg, kDelayedNorm>(p, sQ, sK, sV, s_stats, blockIdx.x, q_block);
+      attend_q_block<T, Cfg, kDelayedNorm, false>(p, sQ, sK, sV, s_stats, blockIdx.x, q_block);
       __syncthreads();  // every warp has written its O rows from sQ before the next Q_i lands there
     }
   }
 }
 
 template <typename T, class Cfg, bool kDelayedNorm, bool kOneCtaPerHead>
-void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream, float rescale_log2) {
   for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       throw AttnError("05_fa2_reordered: Q, K, V and O must be 16-byte aligned (cp.async copies 16-byte chunks)");
@@ -683,9 +704,11 @@ void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream)
   prm.Nq = p.Nq;
   prm.Nk = p.Nk;
   prm.T_r = static_cast<int>((int64_t(p.Nq) + Cfg::kBr - 1) / Cfg::kBr);
+  prm.order = tile_order(p, Cfg::kBr, sizeof(T));
   prm.causal = p.causal;
   prm.scale = p.softmax_scale();
   prm.scale_log2 = prm.scale * static_cast<float>(M_LOG2E);
+  prm.rescale_log2 = rescale_log2;
 
   int device = 0, smem_optin = 0;
   CUDA_CHECK(cudaGetDevice(&device));

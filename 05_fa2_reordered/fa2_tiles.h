@@ -8,6 +8,10 @@
 
 namespace attn::fa2 {
 
+// Lazy rescaling (fa2_kernel.cuh: online_softmax): a warp rescales O_i only once some row
+// max has grown by more than 2^8 in the exponent's units, so P_ij <= 256.
+constexpr float kRescaleLog2 = 8.f;
+
 // How the warps of a CTA share one (Q_i, K_j) step.
 enum class WarpSplit {
   q_rows,   // FA2: warp w owns B_r / warps rows of Q_i (and of S_ij, P_ij, O_i) and reads all of K_j, V_j
@@ -72,7 +76,9 @@ using Tile256Prefetch = Tile<256, 64, 64, 4, 1, WarpSplit::q_rows, /*kVAhead=*/8
 // with kVAhead > 0 loads P_ij V_j's first V_j fragments before the softmax (the variant). Defined in
 // fa2_kernel.cuh, instantiated per (head dim, dtype) by the generated
 // fa2_*instance_d<d>_<dtype>.cu files.
+// rescale_log2: lazy rescaling's threshold (kRescaleLog2); -inf rescales O_i every block, as
+// FA2 does (the ablation 05_fa2_eager_rescale).
 template <typename T, class TileCfg, bool kDelayedNorm, bool kOneCtaPerHead = false>
-void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
+void launch_fa2(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream, float rescale_log2 = kRescaleLog2);
 
 }  // namespace attn::fa2

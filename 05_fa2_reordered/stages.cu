@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <cmath>
 #include <string>
 
 #include "05_fa2_reordered/fa2_tiles.h"
@@ -39,17 +40,21 @@ std::string refuse_fa2_grid(const AttnProblem& p) { return refuse_grid(p, tile_s
 double model_bytes(const AttnProblem& p) { return hbm::fa2_bytes(p, tile_shape(p.d).Br, tile_shape(p.d).Bc); }
 
 template <typename T>
-void launch_delayed(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+void launch_delayed(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream, float rescale_log2) {
   switch (p.d) {
-    case 64: return fa2::launch_fa2<T, fa2::Tile64, true>(p, t, stream);
-    case 128: return fa2::launch_fa2<T, fa2::Tile128, true>(p, t, stream);
-    default: return fa2::launch_fa2<T, fa2::Tile256, true>(p, t, stream);
+    case 64: return fa2::launch_fa2<T, fa2::Tile64, true>(p, t, stream, rescale_log2);
+    case 128: return fa2::launch_fa2<T, fa2::Tile128, true>(p, t, stream, rescale_log2);
+    default: return fa2::launch_fa2<T, fa2::Tile256, true>(p, t, stream, rescale_log2);
   }
 }
 
+// kEagerRescale: O_i rescaled after every K/V block (rescale_log2 = -inf), as FA2 does; the
+// ablation of lazy rescaling.
+template <bool kEagerRescale = false>
 void launch_fa2_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.dtype == DType::bf16) return launch_delayed<__nv_bfloat16>(p, t, stream);
-  return launch_delayed<__half>(p, t, stream);
+  const float rescale_log2 = kEagerRescale ? -INFINITY : fa2::kRescaleLog2;
+  if (p.dtype == DType::bf16) return launch_delayed<__nv_bfloat16>(p, t, stream, rescale_log2);
+  return launch_delayed<__half>(p, t, stream, rescale_log2);
 }
 
 // The d = 128 ablations: one FA2 change switched off (fa2_tiles.h: launch_fa2).
@@ -85,7 +90,7 @@ std::vector<Stage> fa2_stages() {
   fa2.writes_lse = true;
   fa2.compute_bound = true;
   fa2.refuse = refuse_fa2_grid;
-  fa2.launch = launch_fa2_stage;
+  fa2.launch = launch_fa2_stage<>;
   fa2.model_hbm_bytes = model_bytes;
 
   // Ablation: the same kernel dividing O_i by l_i at every step, as FlashAttention-1.
@@ -128,7 +133,14 @@ std::vector<Stage> fa2_stages() {
   prefetch.head_dims = {128, 256};
   prefetch.launch = launch_prefetch;
 
-  return {fa2, no_delay, one_cta, split_kv, prefetch};
+  // Ablation (not an FA2 change, but one 05 makes): lazy rescaling switched off, so that
+  // O_i is rescaled after every K/V block, as in FA2.
+  Stage eager = fa2;
+  eager.name = "05_fa2_eager_rescale";
+  eager.prev = "05_fa2_reordered";
+  eager.summary = "05 rescaling O_i after every K/V block (no lazy rescaling), as FA2";
+  eager.launch = launch_fa2_stage</*kEagerRescale=*/true>;
+  return {fa2, no_delay, one_cta, split_kv, prefetch, eager};
 }
 
 }  // namespace attn

@@ -83,6 +83,7 @@ struct Fp8Params {
   const float* v_scale;  // [B*Hkv, kv_blocks]
   int q_blocks, kv_blocks;
   int Nq, Nk, H, Hkv, group, m_blocks, n_tiles, n_units;
+  TileOrder order;
   float scale, scale_log2;
   bool causal;
   bool cta_pairs = false;  // the FP8 path keeps one CTA per cluster (fa3_kernel.cuh: Schedule)
@@ -179,8 +180,10 @@ struct Fp8Blocks {
     dequant = q_scale * k_scale[j];
     v_scale_next = v_scale[j];
   }
-  __device__ void softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  // O_i changes units every block (V's block scales), so it is rescaled every block.
+  __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     online_softmax_fp8<Cfg>(S, m, l, alpha, scale_log2, dequant);
+    return true;
   }
   __device__ void to_units(float (&alpha)[2]) {
     const float to_next = v_scale_cur / v_scale_next;
@@ -279,7 +282,7 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
   p.v_scale = reinterpret_cast<const float*>(base + ws.v_scale);
   p.q_blocks = int(ws.q_blocks);
   p.kv_blocks = int(ws.kv_blocks);
-  set_problem<Cfg>(p, pr);
+  set_problem<Cfg>(p, pr, sizeof(E4m3));
 
   const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
   fa3_fp8_forward<D><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);

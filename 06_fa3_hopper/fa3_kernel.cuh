@@ -26,6 +26,7 @@
 #include "06_fa3_hopper/fa3_launch.h"
 #include "06_fa3_hopper/hopper.cuh"
 #include "common/check.h"
+#include "common/tile_order.h"
 
 namespace attn::fa3 {
 
@@ -90,8 +91,10 @@ struct Params {
   T* o;
   float* lse;  // may be null
   int Nq, Nk, H, Hkv, group, m_blocks, n_tiles;  // n_tiles = m_blocks * B * H
-  int n_units;     // what the grid walks: the tiles, or with cta_pairs the pairs of tiles
+  int n_units;       // what the grid walks: the tiles, or with cta_pairs the pairs of tiles
+  TileOrder order;   // which tile unit u is (common/tile_order.h: longest first with a causal mask)
   float scale, scale_log2;  // softmax scale, and scale * log2(e) for exp2
+  float rescale_log2;       // 06d's lazy rescaling: O_i is rescaled once a max grows by more (online_softmax)
   bool causal;
   bool cta_pairs;  // Schedule::persistent_cta_pairs: clusters of 2 CTAs share K/V loads
 };
@@ -121,8 +124,9 @@ __device__ Tile make_tile(const Prm& p, int unit) {
     t.bh = unit / m_pairs;
     m_block = 2 * (unit % m_pairs) + int(cluster_ctarank());
   } else {
-    t.bh = unit / p.m_blocks;
-    m_block = p.m_blocks - 1 - unit % p.m_blocks;  // causal: longest rows first
+    const TileCoord c = tile_at(p.order, unit);
+    t.bh = c.bh;
+    m_block = c.m_block;
   }
   t.kv_head = (t.bh / p.H) * p.Hkv + (t.bh % p.H) / p.group;
   t.row0 = m_block * Cfg::B_r;
@@ -302,20 +306,35 @@ __device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
 //   m_i^new = max(m_i, rowmax(S_ij));  P_ij = exp(S_ij - m_i^new) (in place in S);
 //   alpha = exp(m_i - m_i^new);  l_i = alpha l_i + rowsum(P_ij)   (l_i: this thread's part).
 // The caller rescales O_i by alpha (06d: later, once the in-flight P V has landed).
-template <class Cfg>
-__device__ void online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                               float scale_log2) {
+//
+// kLazy (06d): m_i moves only when the row max of some row of the warp has grown by more
+// than 2^rescale_log2 (in the exponent's units); otherwise the block is exponentiated against
+// the old m_i, so P_ij <= 2^rescale_log2, and alpha = 1: O_i needs no rescale (returns
+// false). Exact in exact arithmetic (l_i and O_i always refer to the same m_i); after the
+// first blocks the max rarely grows that much, so most blocks skip the d/2 multiplies of
+// O_i that otherwise sit between a block's P V and the next one's GEMMs. The decision is
+// per warp (its 16 rows of O_i), so the branch does not diverge.
+template <class Cfg, bool kLazy>
+__device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                               float scale_log2, float rescale_log2) {
+  float m_blk[2];  // max(m_i, rowmax(S_ij))
+  bool grew = false;
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    float m_new = m[slot];
+    float mx = m[slot];
 #pragma unroll
-    for (int i = 0; i < Cfg::B_c / 8; ++i)
-      m_new = fmaxf(m_new, fmaxf(S[4 * i + 2 * slot], S[4 * i + 2 * slot + 1]));
-    m_new = quad_max(m_new);
+    for (int i = 0; i < Cfg::B_c / 8; ++i) mx = fmaxf(mx, fmaxf(S[4 * i + 2 * slot], S[4 * i + 2 * slot + 1]));
+    m_blk[slot] = quad_max(mx);
+    grew |= (m_blk[slot] - m[slot]) * scale_log2 > rescale_log2;  // -inf - (-inf): false
+  }
+  const bool moved = !kLazy || __any_sync(0xffffffffu, grew);
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    const float m_new = moved ? m_blk[slot] : m[slot];
     // A row that has seen only masked keys keeps m = -inf; exponentiate against 0 so
     // that exp(-inf - (-inf)) never appears: its P is 0 and alpha is 0.
     const float m_base = (m_new == -INFINITY ? 0.f : m_new) * scale_log2;
-    alpha[slot] = exp2_approx(m[slot] * scale_log2 - m_base);
+    alpha[slot] = moved ? exp2_approx(m[slot] * scale_log2 - m_base) : 1.f;
     m[slot] = m_new;
     float row_sum = 0.f;
 #pragma unroll
@@ -328,6 +347,7 @@ __device__ void online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&
       }
     l[slot] = alpha[slot] * l[slot] + row_sum;
   }
+  return moved;
 }
 
 template <int D>
@@ -414,7 +434,8 @@ __device__ inline void release_kv(uint64_t* empty, const Prm& p) {
 // the FP8 kernel. What differs between them is what a block does, supplied by `Blocks`:
 //   begin(j)                    before block j's S GEMM is issued (the FP8 path reads
 //                               its scales here, so their loads overlap the waits)
-//   softmax(S, m, l, alpha)     online softmax of block j's scores, in place
+//   softmax(S, m, l, alpha)     online softmax of block j's scores, in place; returns
+//                               whether O_i must be rescaled by alpha
 //   to_units(alpha)             just before O_i *= alpha (the FP8 path moves O_i into
 //                               the units of V_j's scale)
 //   to_operand(S, P_op)         P_ij as the A operand of the P V wgmma
@@ -462,12 +483,14 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     release_kv<Cfg>(&s.k_empty[cur.stage], p);
     q_done_after(j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
-    blocks.softmax(S, m, l, alpha);
+    const bool rescale_o = blocks.softmax(S, m, l, alpha);
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
     pin_registers(O);
     release_kv<Cfg>(&s.v_empty[prev.stage], p);
-    blocks.to_units(alpha);
-    rescale<D>(O, alpha);
+    if (rescale_o) {
+      blocks.to_units(alpha);
+      rescale<D>(O, alpha);
+    }
     blocks.to_operand(S, P_op);
   }
   // The last block's O_i += P V.
@@ -483,10 +506,10 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
 template <class Cfg, int D, typename T, class Smem>
 struct HalfBlocks {
   Smem& s;
-  float scale_log2;
+  float scale_log2, rescale_log2;
   __device__ void begin(int) {}
-  __device__ void softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-    online_softmax<Cfg>(S, m, l, alpha, scale_log2);
+  __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+    return online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, scale_log2, rescale_log2);
   }
   __device__ void to_units(float (&)[2]) {}
   __device__ void to_operand(const float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
@@ -547,7 +570,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
       q_done_after(j);
       // m_i, P_ij, l_i; O_i *= exp(m_old - m_new)
       if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
-      online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);
+      online_softmax<Cfg, /*kLazy=*/false>(S, m, l, alpha, p.scale_log2, 0.f);
       rescale<D>(O, alpha);
       to_operand<Cfg, T>(S, P_op);
       // O_i += P_ij V_j
@@ -563,7 +586,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
     if constexpr (!Cfg::kWarpSpecialized)
       __syncthreads();  // 06a: every thread saw this tile's Q_i arrive before thread 0 loads the next
   } else if (t.n_blocks > 0) {
-    HalfBlocks<Cfg, D, T, Smem> blocks{s, p.scale_log2};
+    HalfBlocks<Cfg, D, T, Smem> blocks{s, p.scale_log2, p.rescale_log2};
     overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
   }
   write_output<D, T>(O, m, l, f, t.bh, wg_row0, p);
@@ -706,7 +729,7 @@ inline unsigned grid_size(long long tiles, Schedule schedule, int ctas_per_sm) {
 
 // The problem's sizes and scales as the kernels read them (Params<T> or Fp8Params).
 template <class Cfg, class Prm>
-void set_problem(Prm& p, const AttnProblem& pr) {
+void set_problem(Prm& p, const AttnProblem& pr, size_t kv_elem_bytes) {
   p.Nq = pr.Nq;
   p.Nk = pr.Nk;
   p.H = pr.H;
@@ -715,13 +738,15 @@ void set_problem(Prm& p, const AttnProblem& pr) {
   p.m_blocks = (pr.Nq + Cfg::B_r - 1) / Cfg::B_r;
   p.n_tiles = p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
   p.n_units = p.n_tiles;
+  p.order = tile_order(pr, Cfg::B_r, kv_elem_bytes);
   p.scale = pr.softmax_scale();
   p.scale_log2 = p.scale * float(M_LOG2E);
   p.causal = pr.causal;
 }
 
 template <Variant V, int D, typename T>
-void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule, cudaStream_t stream) {
+void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule, cudaStream_t stream,
+            float rescale_log2) {
   using Cfg = Config<V, D, T>;
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
   const int ctas_per_sm = configure_kernel<fa3_forward<V, D, T>>(Cfg::kThreads, kSmemBytes);
@@ -743,7 +768,8 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, kv_box_rows, kBytes, Cfg::kSwizzle);
   p.o = static_cast<T*>(tensors.o);
   p.lse = tensors.lse;
-  set_problem<Cfg>(p, pr);
+  set_problem<Cfg>(p, pr, sizeof(T));
+  p.rescale_log2 = rescale_log2;
 
   if (!p.cta_pairs) {
     const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);

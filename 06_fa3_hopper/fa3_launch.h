@@ -33,6 +33,10 @@ constexpr int block_cols(Variant v, int d) {
   return d == 256 ? (warp_specialized(v) ? 80 : 64) : d == 128 ? 176 : 128;
 }
 
+// 06d's lazy rescaling (fa3_kernel.cuh: online_softmax): a row max may grow by up to 2^8
+// before O_i is rescaled, so P_ij <= 256 (fine in bf16 and fp16, summed in fp32).
+constexpr float kRescaleLog2 = 8.f;
+
 // How tiles (B_r query rows of one head) map to CTAs. Every kernel walks its tiles in a
 // loop, so both schedules run the same code; only the grid differs.
 enum class Schedule {
@@ -49,6 +53,8 @@ enum class Schedule {
 
 // One instantiation per (variant, d, element type): fa3_<variant>.cu.in.
 template <Variant V, int D, typename T>
-void launch(const AttnProblem& p, const AttnTensors& t, Schedule schedule, cudaStream_t stream);
+// rescale_log2: 06d's lazy rescaling threshold (kRescaleLog2); -inf rescales O_i every block,
+// as FA3 does (the ablation 06d_eager_rescale). 06a-c always do.
+void launch(const AttnProblem& p, const AttnTensors& t, Schedule schedule, cudaStream_t stream, float rescale_log2);
 
 }  // namespace attn::fa3

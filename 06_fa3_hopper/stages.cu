@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <cmath>
 #include <iterator>
 
 #include "06_fa3_hopper/fa3.h"
@@ -16,7 +17,7 @@ namespace {
 
 using fa3::Schedule;
 using fa3::Variant;
-using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t);
+using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t, float);
 using ScheduleFn = Schedule (*)(const AttnProblem&);
 
 // 06a-c keep one tile per CTA, so that their steps measure only their own idea (06a has no
@@ -48,7 +49,8 @@ LaunchFn kernel_for(const AttnProblem& p) {
   }
 }
 
-template <Variant V, ScheduleFn kSchedule = one_tile>
+// kEagerRescale: O_i rescaled every block (FA3 as published), not lazily (06d only).
+template <Variant V, ScheduleFn kSchedule = one_tile, bool kEagerRescale = false>
 Stage make_stage(std::string name, std::string prev, std::string summary) {
   Stage s;
   s.name = std::move(name);
@@ -67,7 +69,7 @@ Stage make_stage(std::string name, std::string prev, std::string summary) {
     return "";
   };
   s.launch = [](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-    kernel_for<V>(p)(p, t, kSchedule(p), stream);
+    kernel_for<V>(p)(p, t, kSchedule(p), stream, kEagerRescale ? -INFINITY : fa3::kRescaleLog2);
   };
   s.model_hbm_bytes = [](const AttnProblem& p) {
     return hbm::fa2_bytes(p, fa3::block_rows(V, p.d), fa3::block_cols(V, p.d));
@@ -155,6 +157,9 @@ std::vector<Stage> fa3_stages() {
                                          "06d without persistent CTAs: one tile per CTA, no overlap across tiles"),
       make_stage<Variant::fa3, cta_pairs_unless_causal>(
           "06d_cta_pairs", "06d_fa3", "06d in CTA pairs: each K/V block loaded once per pair of Q blocks (multicast)"),
+      // Ablation of 06d's lazy rescaling: O_i rescaled after every block, as in FA3.
+      make_stage<Variant::fa3, persistent_unless_causal, /*kEagerRescale=*/true>(
+          "06d_eager_rescale", "06d_fa3", "06d rescaling O_i after every K/V block (no lazy rescaling), as FA3"),
       make_fp8_stage("06_fp8", "", "FP8 e4m3 (QGMMA): block quantization + Hadamard incoherent processing",
                      {/*block_scales=*/true, /*hadamard=*/true}),
       make_fp8_stage("06_fp8_no_hadamard", "06_fp8", "FP8 ablation: block scales, no incoherent processing",

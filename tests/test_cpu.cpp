@@ -11,6 +11,7 @@
 #include "common/hbm_model.h"
 #include "common/reference.h"
 #include "common/stage.h"
+#include "common/tile_order.h"
 #include "tests/fp8_model.h"
 
 using namespace attn;
@@ -453,4 +454,46 @@ TEST(Registry, Fp8StagesTakeEveryBuiltHeadDim) {
   } catch (const AttnError& e) {
     EXPECT_NE(std::string(e.what()).find("d = 96"), std::string::npos) << e.what();
   }
+}
+
+// The grid order of the one-tile-per-CTA launches (common/tile_order.h): every (head, Q
+// block) exactly once; inside a section, Q blocks from the last to the first, so that with
+// a causal mask the longest tiles start first; sections of whole heads, the last one short.
+TEST(TileOrder, EveryTileOnceLongestFirstWithinSections) {
+  for (int m_blocks : {1, 3, 16})
+    for (int heads : {1, 5, 12})
+      for (int per_section : {1, 2, 4, 12}) {
+        if (per_section > heads) continue;
+        const TileOrder o{m_blocks, heads, per_section};
+        std::set<std::pair<int, int>> seen;
+        int prev_section = 0, prev_m = m_blocks;
+        for (int u = 0; u < m_blocks * heads; ++u) {
+          const TileCoord c = tile_at(o, u);
+          ASSERT_GE(c.bh, 0);
+          ASSERT_LT(c.bh, heads);
+          ASSERT_GE(c.m_block, 0);
+          ASSERT_LT(c.m_block, m_blocks);
+          EXPECT_TRUE(seen.insert({c.bh, c.m_block}).second) << "unit " << u << " repeats a tile";
+          const int section = c.bh / per_section;
+          EXPECT_GE(section, prev_section) << "sections run in order";
+          if (section == prev_section) EXPECT_LE(c.m_block, prev_m) << "longest first inside a section";
+          prev_section = section;
+          prev_m = c.m_block;
+        }
+        EXPECT_EQ(int(seen.size()), m_blocks * heads);
+      }
+  // Head after head, last Q block first: the order without a mask.
+  const TileOrder plain{4, 3, 1};
+  EXPECT_EQ(tile_at(plain, 0).bh, 0);
+  EXPECT_EQ(tile_at(plain, 0).m_block, 3);
+  EXPECT_EQ(tile_at(plain, 5).bh, 1);
+  EXPECT_EQ(tile_at(plain, 5).m_block, 2);
+}
+
+TEST(TileOrder, SectionsHoldWhatFitsInAThirdOfL2) {
+  const size_t l2 = 48u << 20, head = 1u << 20;  // 1 MiB of K and V per head
+  EXPECT_EQ(heads_per_section(false, 128, head, l2), 1) << "no mask: head after head";
+  EXPECT_EQ(heads_per_section(true, 128, head, l2), 16);
+  EXPECT_EQ(heads_per_section(true, 8, head, l2), 8) << "never more than the grid's heads";
+  EXPECT_EQ(heads_per_section(true, 128, 64 * head, l2), 1) << "a head larger than the share";
 }

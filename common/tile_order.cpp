@@ -1,0 +1,25 @@
+#include "common/tile_order.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+
+#include "common/check.h"
+
+namespace attn {
+
+TileOrder tile_order(const AttnProblem& p, int block_rows, size_t kv_elem_bytes) {
+  int device = 0, l2 = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  TileOrder o;
+  o.m_blocks = int((int64_t(p.Nq) + block_rows - 1) / block_rows);
+  o.heads = p.B * p.H;
+  // A query head's share of its K/V head (the group's heads are neighbours in b * H + h).
+  const size_t kv_bytes = 2 * size_t(p.Nk) * size_t(p.d) * kv_elem_bytes / size_t(p.group());
+  o.heads_per_section = heads_per_section(p.causal, o.heads, kv_bytes, size_t(l2));
+  if (const char* e = std::getenv("ATTN_SECTION_HEADS")) o.heads_per_section = std::atoi(e);  // EXPERIMENT
+  return o;
+}
+
+}  // namespace attn
