@@ -304,8 +304,8 @@ __device__ __forceinline__ void online_softmax(float (&S_ij)[Frag<Cfg>::kM][Frag
                                                float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2],
                                                float scale_log2, float rescale_log2, float* s_row_max, int lane) {
   if constexpr (!Cfg::kSplitKV) {
-    // Lazy rescaling (with kDelayedNorm): the warp keeps its m_i, and skips the multiplies
-    // of O_i, unless some row max grew by more than 2^rescale_log2 in the exponent's units.
+    // Lazy rescaling (kLazy): the warp keeps its m_i, and skips the multiplies of O_i,
+    // unless some row max grew by more than rescale_log2 in the exponent's log2 units.
     // P_ij <= 2^rescale_log2 then, and l_i, O_i still refer to the same m_i: exact.
     float row_max[Frag<Cfg>::kM][2];  // max(m_i, rowmax(S_ij))
     bool grew = false;

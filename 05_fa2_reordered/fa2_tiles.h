@@ -9,7 +9,7 @@
 namespace attn::fa2 {
 
 // Lazy rescaling (fa2_kernel.cuh: online_softmax): a warp rescales O_i only once some row
-// max has grown by more than 2^8 in the exponent's units, so P_ij <= 256.
+// max has grown by more than 8 in the exponent's log2 units, so P_ij <= 2^8.
 constexpr float kRescaleLog2 = 8.f;
 
 // How the warps of a CTA share one (Q_i, K_j) step.

@@ -39,6 +39,12 @@ struct Config {
   // at d = 256 the P V GEMM dominates and forced turns only add waiting (as FA3 does).
   static constexpr bool kPingpong = V == Variant::pingpong || (V == Variant::fa3 && D <= 128);
   static constexpr bool kIntraOverlap = V == Variant::fa3;
+  // Hold the wait for the in-flight P V until the softmax is done (overlapped_blocks), so
+  // that the softmax really runs under it. Measured on an H100 (README): faster at d = 256
+  // only. At d = 128 with the ping-pong, ptxas then lacks registers and serializes the
+  // wgmma; where it compiles (d = 64 with B_c = 64, FP8 at d <= 128, d = 128 without the
+  // ping-pong) it is slower or no faster.
+  static constexpr bool kSoftmaxUnderPv = V == Variant::fa3 && D == 256;
   static constexpr bool kMayPairCtas = V == Variant::fa3;  // 06d may run Schedule::persistent_cta_pairs
 
   static constexpr int kWgThreads = 128;                                      // threads per warpgroup
@@ -307,8 +313,8 @@ __device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
 //   alpha = exp(m_i - m_i^new);  l_i = alpha l_i + rowsum(P_ij)   (l_i: this thread's part).
 // The caller rescales O_i by alpha (06d: later, once the in-flight P V has landed).
 //
-// kLazy (06d): m_i moves only when the row max of some row of the warp has grown by more
-// than 2^rescale_log2 (in the exponent's units); otherwise the block is exponentiated against
+// kLazy (06d): m_i moves only when the max of some row of the warp has grown by more than
+// rescale_log2 in the exponent's log2 units; otherwise the block is exponentiated against
 // the old m_i, so P_ij <= 2^rescale_log2, and alpha = 1: O_i needs no rescale (returns
 // false). Exact in exact arithmetic (l_i and O_i always refer to the same m_i); after the
 // first blocks the max rarely grows that much, so most blocks skip the d/2 multiplies of
@@ -484,6 +490,9 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     q_done_after(j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
     const bool rescale_o = blocks.softmax(S, m, l, alpha);
+    // ptxas schedules the wait below as early as it may, above the whole softmax, which
+    // then runs after the P V instead of under it; the fence keeps the softmax first.
+    if constexpr (Cfg::kSoftmaxUnderPv) fence_schedule_after(l[0] + l[1]);
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
     pin_registers(O);
     release_kv<Cfg>(&s.v_empty[prev.stage], p);

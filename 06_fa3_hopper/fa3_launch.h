@@ -33,8 +33,9 @@ constexpr int block_cols(Variant v, int d) {
   return d == 256 ? (warp_specialized(v) ? 80 : 64) : d == 128 ? 176 : 128;
 }
 
-// 06d's lazy rescaling (fa3_kernel.cuh: online_softmax): a row max may grow by up to 2^8
-// before O_i is rescaled, so P_ij <= 256 (fine in bf16 and fp16, summed in fp32).
+// 06d's lazy rescaling (fa3_kernel.cuh: online_softmax): a row max may grow by up to 8 in
+// the exponent's log2 units (a factor 2^8 in P) before O_i is rescaled, so P_ij <= 256
+// (fine in bf16 and fp16, summed in fp32).
 constexpr float kRescaleLog2 = 8.f;
 
 // How tiles (B_r query rows of one head) map to CTAs. Every kernel walks its tiles in a

@@ -166,6 +166,14 @@ template <int Pending>
 __device__ inline void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");
 }
+// A scheduling fence: the code after it starts a new basic block that depends on `after`.
+// ptxas schedules a wgmma wait as early as its basic block allows, above independent
+// arithmetic (a 06d consumer's whole softmax, meant to run while its P V is in flight); it
+// does not hoist it above a branch. The branch is never taken: no float operation yields
+// the bit pattern 0xffffffff (the GPU's NaN is 0x7fffffff).
+__device__ inline void fence_schedule_after(float after) {
+  if (__any_sync(0xffffffffu, __float_as_uint(after) == 0xffffffffu)) __trap();
+}
 // Pin registers that an in-flight wgmma owns: the compiler may not move reads or writes
 // of them across this point.
 template <int N>

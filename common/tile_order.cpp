@@ -2,8 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "common/check.h"
 
 namespace attn {
@@ -18,7 +16,6 @@ TileOrder tile_order(const AttnProblem& p, int block_rows, size_t kv_elem_bytes)
   // A query head's share of its K/V head (the group's heads are neighbours in b * H + h).
   const size_t kv_bytes = 2 * size_t(p.Nk) * size_t(p.d) * kv_elem_bytes / size_t(p.group());
   o.heads_per_section = heads_per_section(p.causal, o.heads, kv_bytes, size_t(l2));
-  if (const char* e = std::getenv("ATTN_SECTION_HEADS")) o.heads_per_section = std::atoi(e);  // EXPERIMENT
   return o;
 }
 

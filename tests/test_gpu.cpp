@@ -139,7 +139,7 @@ TEST_F(Gpu, NaiveSoftmaxOverflowsAndSafeSoftmaxDoesNot) {
 }
 
 // Lazy rescaling (05, 06d): a warp keeps its running max m_i, and skips the rescale of O_i,
-// until some row max has grown by more than 2^8 in the exponent's units. Random inputs
+// until some row max has grown by more than 8 in log2 units (P by 2^8). Random inputs
 // rarely move the max after the first blocks; here every query sees scores that climb along
 // the keys (3 sqrt(j) nats, a fresh jump of 10-25 nats per block early on and of 3-5 late),
 // so blocks alternate between "keep m_i" (P up to 2^8: an fp16 overflow if the bound were
