@@ -168,11 +168,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows(const QuantArgs a
   const __nv_bfloat16* src = a.src + size_t(head) * a.N * D;
   auto row_of = [&](int r) { return row0 + r < a.N ? src + size_t(row0 + r) * D : nullptr; };
 
-  // Rows four at a time (unrolled): their loads and butterflies overlap, so a warp keeps
-  // several loads in flight instead of one.
   float amax = 0.f;
   if (pass != QuantPass::tensor_amax)
-#pragma unroll 4
     for (int r = warp; r < R; r += kQuantWarps) {
       float x[E];
       load_row<D>(x, row_of(r), a.hadamard);
@@ -182,7 +179,6 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows(const QuantArgs a
   const float inv_scale = block_inv_scale(pass, amax, a);
   if (pass == QuantPass::amax_only) return;
 
-#pragma unroll 4
   for (int r = warp; r < R && row0 + r < a.N; r += kQuantWarps) {  // second read of the block: from L2
     float x[E];
     load_row<D>(x, row_of(r), a.hadamard);
@@ -209,7 +205,6 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_v_transposed(const Qua
 
   float amax = 0.f;
   if (pass != QuantPass::tensor_amax)
-#pragma unroll 4
     for (int c = 0; c < D; c += kVec) {
       float x[kVec];
       load8(c, x);
@@ -221,7 +216,6 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_v_transposed(const Qua
 
   __shared__ alignas(16) uint8_t tile[D][R];  // Vᵀ block: [dim][key position]
   const int pos = wgmma_key_position(threadIdx.x);
-#pragma unroll 4
   for (int c = 0; c < D; c += kVec) {
     float x[kVec];
     load8(c, x);
