@@ -295,50 +295,37 @@ __device__ __forceinline__ void softmax_row(float (&S_ij)[Frag<Cfg>::kM][Frag<Cf
       for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= o_scale;
 }
 
-// Algorithm 1, lines 9-10 for all of this warp's rows. FA2: a row's max is complete within the
-// warp, so each row is finished before the next. Split-K: the warps first agree on the max of
-// every row (cta_row_max, s_row_max), then finish the rows.
+// Algorithm 1, lines 9-10 for all of this warp's rows: every row's max first (FA2: complete
+// within the warp; split-K: the warps agree on it through shared memory, cta_row_max), then
+// each row's exponentials, sum and O_i rescale (softmax_row).
 template <typename T, class Cfg, bool kDelayedNorm, bool kMasked, bool kLazy>
 __device__ __forceinline__ void online_softmax(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
                                                float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
                                                float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2],
                                                float scale_log2, float rescale_log2, float* s_row_max, int lane) {
-  if constexpr (!Cfg::kSplitKV) {
-    // Lazy rescaling (kLazy): the warp keeps its m_i, and skips the multiplies of O_i,
-    // unless some row max grew by more than rescale_log2 in the exponent's log2 units.
-    // P_ij <= 2^rescale_log2 then, and l_i, O_i still refer to the same m_i: exact.
-    float row_max[Frag<Cfg>::kM][2];  // max(m_i, rowmax(S_ij))
-    bool grew = false;
+  static_assert(!Cfg::kSplitKV || kDelayedNorm, "split-K sums the warps' l_i after the loop");
+  // Lazy rescaling (kLazy): the warp keeps its m_i, and skips the multiplies of O_i, unless
+  // some row max grew by more than rescale_log2 in the exponent's log2 units. P_ij <=
+  // 2^rescale_log2 then, and l_i, O_i still refer to the same m_i: exact. Not with split-K,
+  // whose warps see only part of each row before cta_row_max.
+  static_assert(!kLazy || (kDelayedNorm && !Cfg::kSplitKV), "lazy rescaling keeps l_i and O_i in the same units");
+  float row_max[Frag<Cfg>::kM][2];  // max(m_i, rowmax(S_ij))
+  bool grew = false;
 #pragma unroll
-    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        row_max[mt][half] = quad_row_max<Cfg>(S_ij, mt, half, m_i[mt][half]);
-        grew |= (row_max[mt][half] - m_i[mt][half]) * scale_log2 > rescale_log2;  // -inf - (-inf): false
-      }
-    static_assert(!kLazy || kDelayedNorm, "lazy rescaling keeps l_i and O_i in the same units");
-    const bool moved = !kLazy || __any_sync(kFullWarp, grew);
+    for (int half = 0; half < 2; ++half) {
+      row_max[mt][half] = quad_row_max<Cfg>(S_ij, mt, half, m_i[mt][half]);
+      grew |= (row_max[mt][half] - m_i[mt][half]) * scale_log2 > rescale_log2;  // -inf - (-inf): false
+    }
+  if constexpr (Cfg::kSplitKV) cta_row_max<Cfg>(row_max, s_row_max, lane);
+  const bool moved = !kLazy || __any_sync(kFullWarp, grew);
 #pragma unroll
-    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        softmax_row<T, Cfg, kDelayedNorm, kMasked>(S_ij, O_i, m_i, l_i, mt, half,
-                                                   moved ? row_max[mt][half] : m_i[mt][half], scale_log2, moved);
-  } else {
-    static_assert(kDelayedNorm, "split-K sums the warps' l_i after the loop");
-    float row_max[Frag<Cfg>::kM][2];
-#pragma unroll
-    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) row_max[mt][half] = quad_row_max<Cfg>(S_ij, mt, half, m_i[mt][half]);
-    cta_row_max<Cfg>(row_max, s_row_max, lane);
-#pragma unroll
-    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        softmax_row<T, Cfg, kDelayedNorm, kMasked>(S_ij, O_i, m_i, l_i, mt, half, row_max[mt][half], scale_log2,
-                                                   /*rescale_o=*/true);
-  }
+    for (int half = 0; half < 2; ++half)
+      softmax_row<T, Cfg, kDelayedNorm, kMasked>(S_ij, O_i, m_i, l_i, mt, half,
+                                                 moved ? row_max[mt][half] : m_i[mt][half], scale_log2, moved);
 }
 
 // P_ij (fp32, C fragments) -> bf16/fp16 A fragments of the PV product, one per 16-key step
@@ -677,7 +664,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_forward_kernel(const Params
     // possible. The CTAs of a few heads are adjacent (their K, V stay in L2), and with a
     // causal mask the longest Q blocks come first (tile_at).
     const TileCoord tile = tile_at(p.order, int(blockIdx.x));
-    attend_q_block<T, Cfg, kDelayedNorm, kDelayedNorm && !Cfg::kPrefetch>(p, sQ, sK, sV, s_stats, tile.bh, tile.m_block);
+    // Lazy rescaling where it fits: not in the FA1-style ablation, not with split-K (online_softmax),
+    // not in the prefetch variant (its registers then spill at d = 128).
+    constexpr bool kLazy = kDelayedNorm && !Cfg::kSplitKV && !Cfg::kPrefetch;
+    attend_q_block<T, Cfg, kDelayedNorm, kLazy>(p, sQ, sK, sV, s_stats, tile.bh, tile.m_block);
   } else {
     // Ablation: FA1's grid, one CTA per (batch, head), the Q blocks one after another.
     for (int q_block = 0; q_block < p.T_r; ++q_block) {

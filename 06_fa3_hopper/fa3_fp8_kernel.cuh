@@ -224,7 +224,7 @@ __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const Tu
 
   mbarrier_wait(&s.q_full, t.seq & 1);
   if (t.n_blocks == 0)
-    release(&s.q_empty);  // a tile with no visible K/V block never reads Q̂_i
+    release_q_after<Cfg>(s, t, -1);  // a tile with no visible K/V block never reads Q̂_i
   else
     overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
   // Back to real units: O_i times the last v_scale, and the 2^8 of P out of O_i and l_i

@@ -434,6 +434,30 @@ __device__ inline void release_kv(uint64_t* empty, const Prm& p) {
   }
 }
 
+// 06b-d and FP8: once the tile's last Q K_jᵀ has landed (j = n_blocks - 1; j = -1 for a tile
+// with no visible K/V block, which never reads Q_i), Q_i's buffer may take the next tile's Q.
+template <class Cfg, class Smem>
+__device__ inline void release_q_after(Smem& s, const Tile& t, int j) {
+  if constexpr (Cfg::kWarpSpecialized)
+    if (j == t.n_blocks - 1) release(&s.q_empty);
+}
+
+// S_ij = Q_i K_jᵀ alone: issued in this warpgroup's turn and waited for; then K_j's ring
+// stage (and after the tile's last block, Q_i) is released. 06a-c do this every block,
+// 06d for block 0.
+template <class Cfg, class Smem, class Prm, typename T>
+__device__ void qk_and_wait(float (&S)[Cfg::B_c / 2], Smem& s, const Prm& p, const Tile& t,
+                            const TurnTaking<Cfg>& turn, const T* Q_i, const Slot<Cfg>& slot, int j) {
+  mbarrier_wait(&s.k_full[slot.stage], slot.phase);
+  turn.wait_turn();
+  gemm_qk<Cfg>(S, Q_i, s.k[slot.stage]);
+  turn.pass_turn();
+  wgmma_wait<0>();
+  pin_registers(S);
+  if constexpr (Cfg::kWarpSpecialized) release_kv<Cfg>(&s.k_empty[slot.stage], p);
+  release_q_after<Cfg>(s, t, j);
+}
+
 // ---------------------------------------------------------------------------------------
 // 06d's software pipeline over one tile's K/V blocks, shared by the bf16/fp16 kernel and
 // the FP8 kernel. What differs between them is what a block does, supplied by `Blocks`:
@@ -455,28 +479,17 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
   const auto* Q_i = s.q[turn.wg];
   float S[Cfg::B_c / 2];  // S_ij, then P_ij in place
   float alpha[2];         // exp(m_old - m_new), rescales O_i
-  // After the tile's last Q K_jᵀ has landed, Q_i's buffer may take the next tile's Q.
-  auto q_done_after = [&](int j) {
-    if (j == t.n_blocks - 1) release(&s.q_empty);
-  };
   // Block 0: S_i0 and its softmax alone.
-  const Slot<Cfg> first(t.kv0);
   blocks.begin(0);
-  mbarrier_wait(&s.k_full[first.stage], first.phase);
-  turn.wait_turn();
-  gemm_qk<Cfg>(S, Q_i, s.k[first.stage]);
-  turn.pass_turn();
-  wgmma_wait<0>();
-  pin_registers(S);
-  release_kv<Cfg>(&s.k_empty[first.stage], p);
-  q_done_after(0);
+  qk_and_wait<Cfg>(S, s, p, t, turn, Q_i, Slot<Cfg>(t.kv0), 0);
   if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
   blocks.softmax(S, m, l, alpha);  // O_i is still 0: nothing to rescale
   blocks.to_operand(S, P_op);
   for (int j = 1; j < t.n_blocks; ++j) {
     const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
     blocks.begin(j);
-    // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1); both run during the softmax below.
+    // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1), meant to run during the softmax
+    // below (the P V only where the fence holds it there: kSoftmaxUnderPv).
     mbarrier_wait(&s.k_full[cur.stage], cur.phase);
     turn.wait_turn();
     gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
@@ -486,7 +499,7 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     wgmma_wait<1>();  // S_ij has landed; the P V is still running
     pin_registers(S);
     release_kv<Cfg>(&s.k_empty[cur.stage], p);
-    q_done_after(j);
+    release_q_after<Cfg>(s, t, j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
     const bool rescale_o = blocks.softmax(S, m, l, alpha);
     // ptxas schedules the wait below as early as it may, above the whole softmax, which
@@ -538,11 +551,6 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
   const Fragment f;
   const int wg_row0 = t.row0 + turn.wg * kWarpgroupRows;
   const T* Q_i = s.q[turn.wg];
-  // After the tile's last Q K_jᵀ has landed, Q_i's buffer may take the next tile's Q.
-  auto q_done_after = [&](int j) {
-    if constexpr (Cfg::kWarpSpecialized)
-      if (j == t.n_blocks - 1) release(&s.q_empty);
-  };
 
   float O[D / 2];                       // O_i accumulator (fp32, wgmma layout)
   float S[B_c / 2];                     // S_ij, then P_ij in place
@@ -556,7 +564,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
   if constexpr (!Cfg::kWarpSpecialized)
     if (threadIdx.x == 0) load_q<Cfg>(s, p, t);  // 06a: the one warpgroup fetches for itself
   mbarrier_wait(&s.q_full, t.seq & 1);
-  q_done_after(-1);  // a tile with no visible K/V block never reads Q_i
+  release_q_after<Cfg>(s, t, -1);  // a tile with no visible K/V block never reads Q_i
 
   if constexpr (!Cfg::kIntraOverlap) {
     // 06a-c: S = Q K_jᵀ, softmax, O += P V_j, each waited for before the next.
@@ -567,15 +575,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
           load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage], p);
           load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage], p);
         }
-      // S_ij = Q_i K_jᵀ
-      mbarrier_wait(&s.k_full[slot.stage], slot.phase);
-      turn.wait_turn();
-      gemm_qk<Cfg>(S, Q_i, s.k[slot.stage]);
-      turn.pass_turn();
-      wgmma_wait<0>();
-      pin_registers(S);
-      if constexpr (Cfg::kWarpSpecialized) release_kv<Cfg>(&s.k_empty[slot.stage], p);
-      q_done_after(j);
+      qk_and_wait<Cfg>(S, s, p, t, turn, Q_i, slot, j);  // S_ij = Q_i K_jᵀ
       // m_i, P_ij, l_i; O_i *= exp(m_old - m_new)
       if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
       online_softmax<Cfg, /*kLazy=*/false>(S, m, l, alpha, p.scale_log2, 0.f);

@@ -22,10 +22,9 @@ using ScheduleFn = Schedule (*)(const AttnProblem&);
 
 // 06a-c keep one tile per CTA, so that their steps measure only their own idea (06a has no
 // producer to run ahead into a next tile; its kernel would walk a persistent grid correctly
-// but serially). 06d walks
-// tiles persistently without a mask; with one, the tiles' work differs (longest rows
-// first), and the hardware's dynamic hand-out of CTAs balances it better than a fixed
-// round-robin over SMs.
+// but serially). 06d walks tiles persistently without a mask; with one, the tiles' work
+// differs (the grid lists the longest first: common/tile_order.h), and the hardware's
+// dynamic hand-out of CTAs balances it better than a fixed round-robin over SMs.
 Schedule one_tile(const AttnProblem&) { return Schedule::one_tile_per_cta; }
 Schedule persistent_unless_causal(const AttnProblem& p) {
   return p.causal ? Schedule::one_tile_per_cta : Schedule::persistent;
@@ -110,7 +109,15 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   return s;
 }
 
-[[noreturn]] void no_fp8_kernel(int d) {
+// The FP8 instance of head dim d among kFp8HeadDims (its launch or its pre-kernel); any
+// other d throws, naming the built ones.
+template <class Fn>
+Fn fp8_instance(int d, Fn d64, Fn d128, Fn d256) {
+  switch (d) {
+    case 64: return d64;
+    case 128: return d128;
+    case 256: return d256;
+  }
   std::string built;
   for (int k : fa3::kFp8HeadDims) built += (built.empty() ? "" : ", ") + std::to_string(k);
   throw AttnError("06_fa3_hopper fp8: no kernel for head dim d = " + std::to_string(d) + " (built: " + built + ")");
@@ -120,22 +127,10 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
 
 namespace fa3 {
 
-Fp8LaunchFn fp8_launch_for(int d) {
-  switch (d) {
-    case 64: return launch_fp8<64>;
-    case 128: return launch_fp8<128>;
-    case 256: return launch_fp8<256>;
-  }
-  no_fp8_kernel(d);
-}
+Fp8LaunchFn fp8_launch_for(int d) { return fp8_instance<Fp8LaunchFn>(d, launch_fp8<64>, launch_fp8<128>, launch_fp8<256>); }
 
 Fp8QuantizeFn fp8_quantize_for(int d) {
-  switch (d) {
-    case 64: return launch_fp8_quantize<64>;
-    case 128: return launch_fp8_quantize<128>;
-    case 256: return launch_fp8_quantize<256>;
-  }
-  no_fp8_kernel(d);
+  return fp8_instance<Fp8QuantizeFn>(d, launch_fp8_quantize<64>, launch_fp8_quantize<128>, launch_fp8_quantize<256>);
 }
 
 }  // namespace fa3
@@ -150,7 +145,7 @@ std::vector<Stage> fa3_stages() {
                                     "named barriers: one consumer's softmax under the other's GEMMs"),
       make_stage<Variant::fa3, persistent_unless_causal>(
           "06d_fa3", "06c_pingpong",
-          "intra-warpgroup overlap: next QK^T and this PV under the softmax; persistent CTAs"),
+          "intra-warpgroup overlap: next QK^T and this PV issued together; lazy rescaling; persistent CTAs"),
       // Ablations of 06d's schedule (same kernel): one tile per CTA, as 06a-c; persistent
       // clusters of two CTAs that share each K/V block (TMA multicast; no faster, README).
       make_stage<Variant::fa3, one_tile>("06d_one_tile_per_cta", "06d_fa3",
