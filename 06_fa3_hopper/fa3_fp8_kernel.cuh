@@ -61,7 +61,8 @@ struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout
 
   static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
   static_assert(kWarpgroupRows * D % 1024 == 0 && B_c * D % 1024 == 0, "every tile starts on a whole swizzle atom");
-  static_assert(kWgThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register budgets");
+  static_assert(kWgThreads == 128 && setmaxnreg_budgets_fit(kConsumers, kProducerRegs, kConsumerRegs),
+                "the consumers' registers must come from the producer's");
 };
 
 // Every tile starts on a whole swizzle atom (512 B for the 64-byte swizzle, 1024 B for the

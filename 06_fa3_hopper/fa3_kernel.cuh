@@ -76,8 +76,8 @@ struct Config {
   static_assert(D % kChunkCols == 0 && B_c % kK == 0, "tiles are whole 128-byte chunks and wgmma K steps");
   static_assert(B_c * kSwizzleRowBytes % kAtomBytes == 0, "every chunk starts on a 1024-byte swizzle atom");
   static_assert(B_c / 2 * kSwizzleRowBytes % kAtomBytes == 0, "a CTA pair's half blocks start on swizzle atoms");
-  static_assert(!kWarpSpecialized || kWgThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536,
-                "register budgets exceed the register file");
+  static_assert(!kWarpSpecialized || setmaxnreg_budgets_fit(kConsumers, kProducerRegs, kConsumerRegs),
+                "the consumers' registers must come from the producer's");
   static_assert(!kPingpong || kConsumers >= 2, "the ping-pong needs two or more consumer warpgroups");
 };
 

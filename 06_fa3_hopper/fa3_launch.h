@@ -23,6 +23,15 @@ constexpr int kWarpgroupRows = 64;
 // Consumer warpgroups per CTA (06b-d). More of them interleave more softmax with GEMMs but
 // share the register file: three fit only where O and S are small (d = 64).
 constexpr int consumer_warpgroups(Variant v, int d) { return !warp_specialized(v) ? 1 : d == 64 ? 3 : 2; }
+// setmaxnreg budgets of a warp-specialized CTA (one producer warpgroup, `consumers`
+// consumer warpgroups, one CTA per SM). ptxas gives every thread the most that 64K registers
+// allow (168 with three warpgroups, 128 with four), and setmaxnreg.inc takes registers only
+// from those that the CTA's own setmaxnreg.dec gave back: the producer must free at least
+// what the consumers add, or the consumers wait for registers forever.
+constexpr bool setmaxnreg_budgets_fit(int consumers, int producer_regs, int consumer_regs) {
+  const int launch_regs = 65536 / (128 * (consumers + 1)) / 8 * 8;
+  return producer_regs + consumers * consumer_regs <= (consumers + 1) * launch_regs;
+}
 // B_r: query rows per CTA, one block of 64 per consumer warpgroup.
 constexpr int block_rows(Variant v, int d) { return kWarpgroupRows * consumer_warpgroups(v, d); }
 // B_c: keys per K/V block. Larger amortises the per-block softmax and barrier work, but S

@@ -387,6 +387,20 @@ TEST(Swizzle, WgmmaReadsWhatTmaWrote) {
   EXPECT_NE(wgmma_byte(0, 1024, 8, 0, Swizzle::b64), tma_byte(8, 0, 64, Swizzle::b64));
 }
 
+TEST(Fa3Budgets, ConsumersTakeOnlyWhatTheProducerGaveBack) {
+  // 06d and FP8 as built: 24 + 2 x 240 with three warpgroups (launched at 168 each), 24 +
+  // 3 x 160 with four (128 each).
+  EXPECT_TRUE(fa3::setmaxnreg_budgets_fit(2, 24, 240));
+  EXPECT_TRUE(fa3::setmaxnreg_budgets_fit(3, 24, 160));
+  EXPECT_TRUE(fa3::setmaxnreg_budgets_fit(3, 32, 160));
+  // A 32-register producer frees 136 x 128 registers, 1024 fewer than two 240-register
+  // consumers add: within 64K, yet the consumers' setmaxnreg.inc would wait forever (seen
+  // as a hang on an H100 before this rule was checked).
+  EXPECT_TRUE(128 * (32 + 2 * 240) <= 65536);
+  EXPECT_FALSE(fa3::setmaxnreg_budgets_fit(2, 32, 240));
+  EXPECT_TRUE(fa3::setmaxnreg_budgets_fit(2, 40, 232));
+}
+
 TEST(Fp8Model, WgmmaKeyPositionMakesAccumulatorPairsOperandQuads) {
   // A permutation inside every 32 keys...
   for (int group = 0; group < 4; ++group) {
