@@ -105,10 +105,9 @@ struct Fp8Workspace {
   }
 };
 
-// HBM bytes of the pre-kernel: reads bf16 Q, K, V (once with block scales: Q and K rows
-// stay in registers between a block's amax and its rounding, V's second pass over a block
-// is counted as an L2 hit, though ncu saw part of it come from DRAM; twice with per-tensor
-// scales, whose amax pass runs over the whole tensor first) and writes e4m3 Q, K, Vᵀ.
+// HBM bytes of the pre-kernel: reads bf16 Q, K, V (once with block scales: rows stay in
+// registers between a block's amax and its rounding; twice with per-tensor scales, whose
+// amax pass runs over the whole tensor first) and writes e4m3 Q, K, Vᵀ.
 // Scales are negligible.
 inline double fp8_quantize_bytes(const AttnProblem& p, const Fp8Options& opt) {
   const double reads = opt.block_scales ? 1 : 2;

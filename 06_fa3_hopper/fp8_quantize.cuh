@@ -14,7 +14,9 @@
 //                         Inside every 32 keys the order is permuted (wgmma_key_position)
 //                         so that P, as the fp32 accumulator of Q Kᵀ leaves it in registers,
 //                         is already the A operand of P V: the byte permutation of P that
-//                         FA3 does in registers is done here, once, on V's rows.
+//                         FA3 does in registers is done here, once, on V's rows. V is
+//                         loaded as K is (whole rows, coalesced) and turned around in
+//                         shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -45,13 +47,10 @@ struct QuantArgs {
   bool hadamard;
 };
 
-// One CTA per (head, block). Q and K: 16 warps, so that each warp's few rows (4 of a Q
-// block, 8 of a K block) stay in its registers between the amax and the quantization. V: a
-// thread per key.
+// One CTA per (head, block), 16 warps, so that each warp's few rows (4 of a Q block, 8 of a
+// K or V block) stay in its registers between the amax and the quantization.
 constexpr int kRowWarps = 16;
 constexpr int kRowThreads = 32 * kRowWarps;
-constexpr int kQuantWarps = 4;
-constexpr int kQuantThreads = 32 * kQuantWarps;
 
 // hadamard_sign(col) and wgmma_key_position(key) live in fa3_fp8.h (host and device).
 // The key order: the fp32 accumulator gives thread (lane % 4 = t) keys {2t, 2t+1, 8+2t,
@@ -165,16 +164,45 @@ __device__ inline float block_inv_scale(QuantPass pass, float local_amax, const 
   return 1.f / scale;
 }
 
-// Q or K: one CTA per (head, block of R rows); warp w takes rows w, w + 16, ... Each row is
-// loaded and transformed once and kept in registers for both the block's amax and its
-// quantization (a second pass over the block would come from DRAM: Nsight Compute read 1.9x
-// the tensor when this kernel loaded and transformed every row twice).
-template <int D, int R>
+// V̂ᵀ from a quantized V block in shared memory ([B_c keys][d], row-major): thread t takes
+// dim t % d and every (512/d)-th group of 16 keys, reads the group's 16 bytes down the
+// tile's column (a warp reads 32 neighbouring bytes of a row at a time: no bank conflict)
+// in wgmma_key_position's order, and writes them as one 16-byte store along V̂ᵀ's row.
+template <int D>
+__device__ void store_transposed(const uint8_t (&tile)[kFp8BlockCols][D], const QuantArgs& a, int head, int key0) {
+  constexpr int kGroups = kFp8BlockCols / 16, kGroupsAtOnce = kRowThreads / D;
+  static_assert(kRowThreads % D == 0 && kGroups % kGroupsAtOnce == 0, "whole key groups per thread");
+  const int dim = threadIdx.x % D;
+  uint8_t* row = a.dst + (size_t(head) * D + dim) * a.n_padded + key0;
+  // The key at each position of a group: wgmma_key_position's inverse, key 8a + 2t + b at
+  // position 4t + 2a + b.
+  auto key_at = [](int pos) { return 8 * ((pos >> 1) & 1) + 2 * (pos >> 2) + (pos & 1); };
+#pragma unroll
+  for (int g = threadIdx.x / D; g < kGroups; g += kGroupsAtOnce) {
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      w[q] = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) w[q] |= uint32_t(tile[16 * g + key_at(4 * q + b)][dim]) << (8 * b);
+    }
+    *reinterpret_cast<uint4*>(row + 16 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// One CTA per (head, block of R rows); warp w takes rows w, w + 16, ... Each row is loaded
+// (coalesced: lane l holds columns E l .. E l + E - 1) and transformed once, and kept in
+// registers for both the block's amax and its quantization (a second pass over the block
+// would come from DRAM: Nsight Compute read 1.9x the tensor when this kernel loaded and
+// transformed every row twice). Q and K are stored as they are; V (kTransposed) goes
+// through a shared-memory tile to V̂ᵀ (store_transposed), the keys past Nk as zeros.
+template <int D, int R, bool kTransposed>
 __global__ void __launch_bounds__(kRowThreads) quantize_rows(const QuantArgs a, QuantPass pass) {
   constexpr int E = D / 32;
   constexpr int kRows = R / kRowWarps;  // rows per warp
   static_assert(E == 2 || E == 4 || E == 8, "one 4-, 8- or 16-byte load per lane: d = 64, 128 or 256");
   static_assert(R % kRowWarps == 0, "whole rows per warp");
+  static_assert(!kTransposed || R == kFp8BlockCols, "V̂ᵀ blocks are B_c keys");
   const int head = blockIdx.x / a.blocks, row0 = (blockIdx.x % a.blocks) * R;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const __nv_bfloat16* src = a.src + size_t(head) * a.N * D;
@@ -191,60 +219,18 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows(const QuantArgs a, 
   const float inv_scale = block_inv_scale<kRowWarps>(pass, amax, a);
   if (pass == QuantPass::amax_only) return;
 
+  if constexpr (kTransposed) {
+    __shared__ alignas(16) uint8_t tile[R][D];  // the block quantized, rows past N zero
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int r = warp + i * kRowWarps;
-    if (row0 + r < a.N) store_e4m3<E>(a.dst + (size_t(head) * a.N + row0 + r) * D + lane * E, x[i], inv_scale);
-  }
-}
-
-// V -> Vᵀ: one CTA per (head, block of B_c keys), one thread per key (no Hadamard on V).
-// The block is transposed through shared memory so that Vᵀ rows are written whole.
-template <int D>
-__global__ void __launch_bounds__(kQuantThreads) quantize_v_transposed(const QuantArgs a, QuantPass pass) {
-  constexpr int R = kFp8BlockCols;
-  constexpr int kVec = 8;  // bf16 per 16-byte load
-  static_assert(R == kQuantThreads, "one thread per key of the block");
-  const int head = blockIdx.x / a.blocks, key0 = (blockIdx.x % a.blocks) * R;
-  const int key = key0 + threadIdx.x;
-  const __nv_bfloat16* row = key < a.N ? a.src + (size_t(head) * a.N + key) * D : nullptr;
-  auto load8 = [&](int c, float (&x)[kVec]) {
-    __nv_bfloat16 raw[kVec];
-    *reinterpret_cast<uint4*>(raw) = row ? *reinterpret_cast<const uint4*>(row + c) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < kRows; ++i) store_e4m3<E>(&tile[warp + i * kRowWarps][lane * E], x[i], inv_scale);
+    __syncthreads();
+    store_transposed<D>(tile, a, head, row0);
+  } else {
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) x[e] = __bfloat162float(raw[e]);
-  };
-
-  float amax = 0.f;
-  if (pass != QuantPass::tensor_amax)
-    for (int c = 0; c < D; c += kVec) {
-      float x[kVec];
-      load8(c, x);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    for (int i = 0; i < kRows; ++i) {
+      const int r = warp + i * kRowWarps;
+      if (row0 + r < a.N) store_e4m3<E>(a.dst + (size_t(head) * a.N + row0 + r) * D + lane * E, x[i], inv_scale);
     }
-  const float inv_scale = block_inv_scale<kQuantWarps>(pass, amax, a);
-  if (pass == QuantPass::amax_only) return;
-
-  __shared__ alignas(16) uint8_t tile[D][R];  // Vᵀ block: [dim][key position]
-  const int pos = wgmma_key_position(threadIdx.x);
-  for (int c = 0; c < D; c += kVec) {
-    float x[kVec];
-    load8(c, x);
-#pragma unroll
-    for (int e = 0; e < kVec; e += 4) {
-      const uint32_t packed = hopper::pack4_e4m3(x[e] * inv_scale, x[e + 1] * inv_scale, x[e + 2] * inv_scale,
-                                                 x[e + 3] * inv_scale);
-#pragma unroll
-      for (int b = 0; b < 4; ++b) tile[c + e + b][pos] = uint8_t(packed >> (8 * b));
-    }
-  }
-  __syncthreads();
-  constexpr int kChunk = 16, kChunksPerRow = R / kChunk;  // 16-byte stores, a Vᵀ row segment per 8 threads
-  uint8_t* dst = a.dst + size_t(head) * D * a.n_padded + key0;
-  for (int i = threadIdx.x; i < D * kChunksPerRow; i += kQuantThreads) {
-    const int dim = i / kChunksPerRow, c = (i % kChunksPerRow) * kChunk;
-    *reinterpret_cast<uint4*>(dst + dim * a.n_padded + c) = *reinterpret_cast<const uint4*>(&tile[dim][c]);
   }
 }
 
@@ -264,11 +250,11 @@ void quantize_inputs(const AttnProblem& p, const AttnTensors& t, const Fp8Option
   const unsigned q_ctas = unsigned(int64_t(p.B) * p.H * ws.q_blocks);  // stages.cu refuses > INT_MAX
   const unsigned kv_ctas = unsigned(int64_t(p.B) * p.Hkv * ws.kv_blocks);
   auto run = [&](QuantPass pass) {
-    quantize_rows<D, kFp8QBlockRows><<<q_ctas, kRowThreads, 0, stream>>>(q, pass);
+    quantize_rows<D, kFp8QBlockRows, false><<<q_ctas, kRowThreads, 0, stream>>>(q, pass);
     CUDA_CHECK_LAUNCH();
-    quantize_rows<D, kFp8BlockCols><<<kv_ctas, kRowThreads, 0, stream>>>(k, pass);
+    quantize_rows<D, kFp8BlockCols, false><<<kv_ctas, kRowThreads, 0, stream>>>(k, pass);
     CUDA_CHECK_LAUNCH();
-    quantize_v_transposed<D><<<kv_ctas, kQuantThreads, 0, stream>>>(v, pass);
+    quantize_rows<D, kFp8BlockCols, true><<<kv_ctas, kRowThreads, 0, stream>>>(v, pass);
     CUDA_CHECK_LAUNCH();
   };
   if (opt.block_scales) {
