@@ -48,9 +48,13 @@ struct QuantArgs {
 };
 
 // One CTA per (head, block), 16 warps, so that each warp's few rows (4 of a Q block, 8 of a
-// K or V block) stay in its registers between the amax and the quantization.
-constexpr int kRowWarps = 16;
-constexpr int kRowThreads = 32 * kRowWarps;
+// K or V block) stay in its registers between the amax and the quantization; 32 at d = 256,
+// whose rows are twice as long (H100: 0.195 -> 0.172 ms at N = 16k; at d = 64 and 128 the
+// 32-warp CTA was slower).
+template <int D>
+constexpr int kRowWarps = D == 256 ? 32 : 16;
+template <int D>
+constexpr int kRowThreads = 32 * kRowWarps<D>;
 
 // hadamard_sign(col) and wgmma_key_position(key) live in fa3_fp8.h (host and device).
 // The key order: the fp32 accumulator gives thread (lane % 4 = t) keys {2t, 2t+1, 8+2t,
@@ -165,13 +169,14 @@ __device__ inline float block_inv_scale(QuantPass pass, float local_amax, const 
 }
 
 // V̂ᵀ from a quantized V block in shared memory ([B_c keys][d], row-major): thread t takes
-// dim t % d and every (512/d)-th group of 16 keys, reads the group's 16 bytes down the
+// dim t % d and every (threads/d)-th group of 16 keys, reads the group's 16 bytes down the
 // tile's column (a warp reads 32 neighbouring bytes of a row at a time: no bank conflict)
 // in wgmma_key_position's order, and writes them as one 16-byte store along V̂ᵀ's row.
 template <int D>
 __device__ void store_transposed(const uint8_t (&tile)[kFp8BlockCols][D], const QuantArgs& a, int head, int key0) {
-  constexpr int kGroups = kFp8BlockCols / 16, kGroupsAtOnce = kRowThreads / D;
-  static_assert(kRowThreads % D == 0 && kGroups % kGroupsAtOnce == 0, "whole key groups per thread");
+  constexpr int kGroups = kFp8BlockCols / 16, kGroupsAtOnce = kRowThreads<D> / D;
+  static_assert(kRowThreads<D> % D == 0 && (kGroupsAtOnce >= kGroups || kGroups % kGroupsAtOnce == 0),
+                "whole key groups per thread");
   const int dim = threadIdx.x % D;
   uint8_t* row = a.dst + (size_t(head) * D + dim) * a.n_padded + key0;
   // The key at each position of a group: wgmma_key_position's inverse, key 8a + 2t + b at
@@ -190,18 +195,19 @@ __device__ void store_transposed(const uint8_t (&tile)[kFp8BlockCols][D], const 
   }
 }
 
-// One CTA per (head, block of R rows); warp w takes rows w, w + 16, ... Each row is loaded
+// One CTA per (head, block of R rows); warp w takes rows w, w + kRowWarps, ... Each row is loaded
 // (coalesced: lane l holds columns E l .. E l + E - 1) and transformed once, and kept in
 // registers for both the block's amax and its quantization (a second pass over the block
 // would come from DRAM: Nsight Compute read 1.9x the tensor when this kernel loaded and
 // transformed every row twice). Q and K are stored as they are; V (kTransposed) goes
 // through a shared-memory tile to V̂ᵀ (store_transposed), the keys past Nk as zeros.
 template <int D, int R, bool kTransposed>
-__global__ void __launch_bounds__(kRowThreads) quantize_rows(const QuantArgs a, QuantPass pass) {
+__global__ void __launch_bounds__(kRowThreads<D>) quantize_rows(const QuantArgs a, QuantPass pass) {
   constexpr int E = D / 32;
-  constexpr int kRows = R / kRowWarps;  // rows per warp
+  constexpr int kWarps = kRowWarps<D>;
+  constexpr int kRows = R / kWarps;  // rows per warp
   static_assert(E == 2 || E == 4 || E == 8, "one 4-, 8- or 16-byte load per lane: d = 64, 128 or 256");
-  static_assert(R % kRowWarps == 0, "whole rows per warp");
+  static_assert(R % kWarps == 0, "whole rows per warp");
   static_assert(!kTransposed || R == kFp8BlockCols, "V̂ᵀ blocks are B_c keys");
   const int head = blockIdx.x / a.blocks, row0 = (blockIdx.x % a.blocks) * R;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -212,23 +218,23 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows(const QuantArgs a, 
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
-    load_row<D>(x[i], row_of(warp + i * kRowWarps), a.hadamard);
+    load_row<D>(x[i], row_of(warp + i * kWarps), a.hadamard);
 #pragma unroll
     for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(x[i][e]));
   }
-  const float inv_scale = block_inv_scale<kRowWarps>(pass, amax, a);
+  const float inv_scale = block_inv_scale<kWarps>(pass, amax, a);
   if (pass == QuantPass::amax_only) return;
 
   if constexpr (kTransposed) {
     __shared__ alignas(16) uint8_t tile[R][D];  // the block quantized, rows past N zero
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) store_e4m3<E>(&tile[warp + i * kRowWarps][lane * E], x[i], inv_scale);
+    for (int i = 0; i < kRows; ++i) store_e4m3<E>(&tile[warp + i * kWarps][lane * E], x[i], inv_scale);
     __syncthreads();
     store_transposed<D>(tile, a, head, row0);
   } else {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
-      const int r = warp + i * kRowWarps;
+      const int r = warp + i * kWarps;
       if (row0 + r < a.N) store_e4m3<E>(a.dst + (size_t(head) * a.N + row0 + r) * D + lane * E, x[i], inv_scale);
     }
   }
@@ -250,11 +256,11 @@ void quantize_inputs(const AttnProblem& p, const AttnTensors& t, const Fp8Option
   const unsigned q_ctas = unsigned(int64_t(p.B) * p.H * ws.q_blocks);  // stages.cu refuses > INT_MAX
   const unsigned kv_ctas = unsigned(int64_t(p.B) * p.Hkv * ws.kv_blocks);
   auto run = [&](QuantPass pass) {
-    quantize_rows<D, kFp8QBlockRows, false><<<q_ctas, kRowThreads, 0, stream>>>(q, pass);
+    quantize_rows<D, kFp8QBlockRows, false><<<q_ctas, kRowThreads<D>, 0, stream>>>(q, pass);
     CUDA_CHECK_LAUNCH();
-    quantize_rows<D, kFp8BlockCols, false><<<kv_ctas, kRowThreads, 0, stream>>>(k, pass);
+    quantize_rows<D, kFp8BlockCols, false><<<kv_ctas, kRowThreads<D>, 0, stream>>>(k, pass);
     CUDA_CHECK_LAUNCH();
-    quantize_rows<D, kFp8BlockCols, true><<<kv_ctas, kRowThreads, 0, stream>>>(v, pass);
+    quantize_rows<D, kFp8BlockCols, true><<<kv_ctas, kRowThreads<D>, 0, stream>>>(v, pass);
     CUDA_CHECK_LAUNCH();
   };
   if (opt.block_scales) {
