@@ -195,9 +195,9 @@ __device__ void store_transposed(const uint8_t (&tile)[kFp8BlockCols][D], const 
   }
 }
 
-// One CTA per (head, block of R rows); warp w takes rows w, w + kRowWarps, ... Each row is loaded
-// (coalesced: lane l holds columns E l .. E l + E - 1) and transformed once, and kept in
-// registers for both the block's amax and its quantization (a second pass over the block
+// One CTA per (head, block of R rows); warp w takes rows w, w + kRowWarps, ... Each row
+// is loaded (coalesced: lane l holds columns E l .. E l + E - 1) and transformed once, and
+// kept in registers for both the block's amax and its quantization (a second pass over the block
 // would come from DRAM: Nsight Compute read 1.9x the tensor when this kernel loaded and
 // transformed every row twice). Q and K are stored as they are; V (kTransposed) goes
 // through a shared-memory tile to V̂ᵀ (store_transposed), the keys past Nk as zeros.
