@@ -633,10 +633,12 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
     uint32_t v_frags[Cfg::kVAhead + 1][4];  // the prefetch variant: P_ij V_j's first V_j fragments
     if constexpr (Cfg::kPrefetch) load_v_head<Cfg>(v_frags, V_j, lane);  // V_j has landed (a barrier above)
     if (j < unmasked_blocks) {
-      online_softmax<T, Cfg, kDelayedNorm, false, kLazy>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2, s_stats, lane);  // lines 9-10
+      online_softmax<T, Cfg, kDelayedNorm, false, kLazy>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2,
+                                                         s_stats, lane);  // lines 9-10
     } else {  // block crosses the causal diagonal or the end of K
       mask_tile<T, Cfg>(S_ij, p, row0 + warp_first_row<Cfg>(warp), j * B_c + warp_first_key<Cfg>(warp), lane);
-      online_softmax<T, Cfg, kDelayedNorm, true, kLazy>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2, s_stats, lane);
+      online_softmax<T, Cfg, kDelayedNorm, true, kLazy>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2,
+                                                        s_stats, lane);
     }
     uint32_t P_ij[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4];
     pack_p<T, Cfg>(P_ij, S_ij);

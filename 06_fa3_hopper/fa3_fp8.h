@@ -107,8 +107,8 @@ struct Fp8Workspace {
 
 // HBM bytes of the pre-kernel: reads bf16 Q, K, V (once with block scales: rows stay in
 // registers between a block's amax and its rounding; twice with per-tensor scales, whose
-// amax pass runs over the whole tensor first) and writes e4m3 Q, K, Vᵀ.
-// Scales are negligible.
+// amax pass runs over the whole tensor first) and writes e4m3 Q, K, Vᵀ. Scales are
+// negligible.
 inline double fp8_quantize_bytes(const AttnProblem& p, const Fp8Options& opt) {
   const double reads = opt.block_scales ? 1 : 2;
   const double bf16_in = 2.0 * (p.q_elems() + 2 * p.kv_elems());

@@ -127,7 +127,9 @@ Fn fp8_instance(int d, Fn d64, Fn d128, Fn d256) {
 
 namespace fa3 {
 
-Fp8LaunchFn fp8_launch_for(int d) { return fp8_instance<Fp8LaunchFn>(d, launch_fp8<64>, launch_fp8<128>, launch_fp8<256>); }
+Fp8LaunchFn fp8_launch_for(int d) {
+  return fp8_instance<Fp8LaunchFn>(d, launch_fp8<64>, launch_fp8<128>, launch_fp8<256>);
+}
 
 Fp8QuantizeFn fp8_quantize_for(int d) {
   return fp8_instance<Fp8QuantizeFn>(d, launch_fp8_quantize<64>, launch_fp8_quantize<128>, launch_fp8_quantize<256>);

@@ -396,7 +396,7 @@ TEST(Fa3Budgets, ConsumersTakeOnlyWhatTheProducerGaveBack) {
   // A 32-register producer frees 136 x 128 registers, 1024 fewer than two 240-register
   // consumers add: within 64K, yet the consumers' setmaxnreg.inc would wait forever (seen
   // as a hang on an H100 before this rule was checked).
-  EXPECT_TRUE(128 * (32 + 2 * 240) <= 65536);
+  static_assert(128 * (32 + 2 * 240) <= 65536, "the old check, register file size alone, passed it");
   EXPECT_FALSE(fa3::setmaxnreg_budgets_fit(2, 32, 240));
   EXPECT_TRUE(fa3::setmaxnreg_budgets_fit(2, 40, 232));
 }

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <sstream>
 
@@ -39,6 +38,13 @@ std::string name_of(const Shape& s) {
 
 // gtest prints parameters in test listings (and ctest names): say the shape, not its bytes.
 void PrintTo(const Shape& s, std::ostream* os) { *os << name_of(s); }
+
+// A device buffer's bytes, on the host (bit-for-bit comparisons of outputs).
+std::vector<unsigned char> device_bytes(const DeviceBuffer& b) {
+  std::vector<unsigned char> host(b.bytes());
+  CUDA_CHECK(cudaMemcpy(host.data(), b.get(), host.size(), cudaMemcpyDeviceToHost));
+  return host;
+}
 
 AttnProblem problem_of(const Shape& s) {
   AttnProblem p;
@@ -163,11 +169,9 @@ TEST_F(Gpu, ScoresClimbingAlongTheKeysRescaleExactly) {
           return t == DType::bf16 ? __bfloat16_as_ushort(__float2bfloat16(x)) : __half_as_ushort(__float2half(x));
         };
         std::vector<uint16_t> q(p.q_elems(), to_raw(1.f)), k(p.kv_elems());
-        CUDA_CHECK(cudaMemcpy(k.data(), in.k.get(), k.size() * 2, cudaMemcpyDeviceToHost));
-        const std::vector<float> noise = to_float(k, t);
-        for (int64_t e = 0; e < p.kv_elems(); ++e) {
+        for (int64_t e = 0; e < p.kv_elems(); ++e) {  // in.host.k: the random fill, kept on the host
           const int j = int(e / d % p.Nk);
-          k[e] = to_raw(3.f * std::sqrt(float(j)) / (p.softmax_scale() * d) + noise[e] / 50.f);
+          k[e] = to_raw(3.f * std::sqrt(float(j)) / (p.softmax_scale() * d) + in.host.k[e] / 50.f);
         }
         CUDA_CHECK(cudaMemcpy(in.q.get(), q.data(), q.size() * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(in.k.get(), k.data(), k.size() * 2, cudaMemcpyHostToDevice));
@@ -206,9 +210,7 @@ TEST_F(Gpu, RefusedProblemsLaunchNothing) {
     null_k.k = nullptr;
     EXPECT_THROW(run_stage(s, p, null_k, stream_), AttnError);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::vector<unsigned char> host(o.bytes());
-    CUDA_CHECK(cudaMemcpy(host.data(), o.get(), host.size(), cudaMemcpyDeviceToHost));
-    for (unsigned char b : host) ASSERT_EQ(b, 0xFF) << "a refused problem wrote to O";
+    for (unsigned char b : device_bytes(o)) ASSERT_EQ(b, 0xFF) << "a refused problem wrote to O";
   }
 }
 
@@ -294,10 +296,7 @@ TEST_F(Gpu, RepeatedRunsAreBitIdentical) {
           SCOPED_TRACE(s.name + (causal ? " causal " : " ") + dtype_name(t) + " d = " + std::to_string(d));
           RungOutput a = run_rung(s, in, stream_);
           RungOutput b = run_rung(s, in, stream_);
-          std::vector<unsigned char> ha(a.o.bytes()), hb(b.o.bytes());
-          CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
-          CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
-          EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size()), 0) << "two runs on the same inputs differ: a race";
+          EXPECT_TRUE(device_bytes(a.o) == device_bytes(b.o)) << "two runs on the same inputs differ: a race";
         }
       }
 }
@@ -329,16 +328,11 @@ TEST_F(Gpu, PersistentCtasMatchOneTilePerCta) {
         SCOPED_TRACE(p.describe());
         ProblemInputs in(p, 61 + d + Nk, Fill::normal, 0, 1, stream_, true);
         RungOutput a = run_rung(pairs, in, stream_), b = run_rung(one_tile, in, stream_);
-        std::vector<unsigned char> ha(a.o.bytes()), hb(b.o.bytes());
-        CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
-        EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size()), 0) << "CTA pairs and one-tile-per-CTA outputs differ";
-        if (runs_here(persistent, p)) {
-          RungOutput c = run_rung(persistent, in, stream_);
-          std::vector<unsigned char> hc(c.o.bytes());
-          CUDA_CHECK(cudaMemcpy(hc.data(), c.o.get(), hc.size(), cudaMemcpyDeviceToHost));
-          EXPECT_EQ(std::memcmp(hc.data(), hb.data(), hb.size()), 0) << "persistent and one-tile-per-CTA outputs differ";
-        }
+        const std::vector<unsigned char> hb = device_bytes(b.o);
+        EXPECT_TRUE(device_bytes(a.o) == hb) << "CTA pairs and one-tile-per-CTA outputs differ";
+        if (runs_here(persistent, p))
+          EXPECT_TRUE(device_bytes(run_rung(persistent, in, stream_).o) == hb)
+              << "persistent and one-tile-per-CTA outputs differ";
         std::vector<RowIndex> rows = sampled_rows(p, 64);
         expect_matches_reference(pairs, std::move(a), in, rows, reference_rows(p, in.host, rows), stream_);
       }
