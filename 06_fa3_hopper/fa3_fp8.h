@@ -28,9 +28,14 @@ struct Fp8Options {
 constexpr int kFp8HeadDims[] = {64, 128, 256};
 
 // Tiles of the FP8 kernel (fa3_fp8_kernel.cuh explains each choice).
-constexpr int kFp8QBlockRows = 64;   // rows per Q scale = rows per consumer warpgroup
-constexpr int kFp8BlockCols = 128;   // B_c: keys per K/V block = rows per K and V scale
-constexpr float kE4m3Max = 448.f;    // largest finite e4m3 value
+constexpr int kFp8QBlockRows = 64;  // rows per Q scale = rows per consumer warpgroup
+// B_c: keys per K/V block = rows per K and V scale. 192 at d = 128 (S then takes 96
+// registers beside O's 64 and P's 24); 128 at d = 64, whose three consumer warpgroups have
+// 160 registers each, and at d = 256, whose O takes 128.
+constexpr int fp8_block_cols(int d) { return d == 128 ? 192 : 128; }
+// Keys per row of a V̂ᵀ column chunk: one 128-byte swizzle row where B_c allows, else 64.
+constexpr int fp8_vt_chunk_keys(int d) { return fp8_block_cols(d) % 128 == 0 ? 128 : 64; }
+constexpr float kE4m3Max = 448.f;     // largest finite e4m3 value
 // Consumer warpgroups of 64 query rows each: three at d = 64, where O is small and the
 // softmax is a large share of the work (as 06d at d = 64), two at d = 128 and 256.
 constexpr int fp8_consumer_warpgroups(int d) { return d == 64 ? 3 : 2; }
@@ -41,23 +46,27 @@ constexpr int fp8_block_rows(int d) { return kFp8QBlockRows * fp8_consumer_warpg
 //   Q̂_i, K̂_j  [rows][d], K-major operands of S = Q Kᵀ. A row is d bytes: at d = 64 one
 //             64-byte swizzle row (Swizzle::b64, 512-byte atoms); at d >= 128, d/128 column
 //             chunks of 128-byte rows (Swizzle::b128, 1024-byte atoms).
-//   V̂_jᵀ     [d][B_c], the K-major B operand of O += P V: a row is B_c = 128 keys = 128
-//             bytes whatever d (Swizzle::b128).
+//   V̂_jᵀ     [d][B_c], the K-major B operand of O += P V: column chunks of [d][128 keys]
+//             (Swizzle::b128) or, where 128 does not divide B_c, of [d][64 keys] (b64).
 // Each QGMMA K step reads 32 bytes of every row: two steps per 64-byte row, four per 128.
 template <int D>
 struct Fp8Layout {
+  static constexpr int B_c = fp8_block_cols(D);
   static constexpr hopper::Swizzle kSwizzle = hopper::swizzle_for_row(D);  // Q̂ and K̂
   static constexpr int kSwizzleRowBytes = hopper::row_bytes(kSwizzle);
   static constexpr int kChunkCols = kSwizzleRowBytes;  // e4m3 per swizzle row
   static constexpr int kChunks = D / kChunkCols;
   static constexpr int kAtomBytes = hopper::atom_bytes(kSwizzle);  // 512 or 1024
-  static constexpr hopper::Swizzle kVtSwizzle = hopper::swizzle_for_row(kFp8BlockCols);
-  static constexpr int kVtAtomBytes = hopper::atom_bytes(kVtSwizzle);  // 1024
+  static constexpr int kVtChunkKeys = fp8_vt_chunk_keys(D);
+  static constexpr hopper::Swizzle kVtSwizzle = hopper::swizzle_for_row(kVtChunkKeys);
+  static constexpr int kVtAtomBytes = hopper::atom_bytes(kVtSwizzle);  // 1024 or 512
+  static constexpr int kVtChunks = B_c / kVtChunkKeys;
   static constexpr int kK = 32;  // QGMMA K: 32 e4m3 (32 bytes) per instruction
 
   static_assert(D % 64 == 0 && D % kChunkCols == 0, "Q̂ and K̂ rows are whole swizzle rows");
   static_assert(kSwizzleRowBytes % kK == 0, "a K step stays inside one swizzle row");
-  static_assert(hopper::row_bytes(kVtSwizzle) == kFp8BlockCols, "a V̂ᵀ row of B_c keys is one swizzle row");
+  static_assert(hopper::row_bytes(kVtSwizzle) == kVtChunkKeys && B_c % kVtChunkKeys == 0,
+                "a V̂ᵀ row of B_c keys is whole swizzle rows");
 };
 
 // Incoherent processing's fixed pseudo-random sign of column `col` (an integer hash; any
@@ -80,14 +89,16 @@ constexpr int wgmma_key_position(int key) {
 // Where the pre-kernel puts its results in the Stage workspace. Each piece starts on a
 // 256-byte boundary (TMA wants 16).
 struct Fp8Workspace {
+  int block_cols;               // B_c of head dim d: fp8_block_cols(d)
   int64_t q_blocks, kv_blocks;  // scale blocks per head: ceil(Nq / 64), ceil(Nk / B_c)
   int64_t nk_padded;            // Vᵀ row length: Nk rounded up to whole B_c blocks
   size_t q8, k8, vt8, q_scale, k_scale, v_scale, amax, total;  // byte offsets; total = size
 
   explicit Fp8Workspace(const AttnProblem& p) {
+    block_cols = fp8_block_cols(p.d);
     q_blocks = (p.Nq + kFp8QBlockRows - 1) / kFp8QBlockRows;
-    kv_blocks = (p.Nk + kFp8BlockCols - 1) / kFp8BlockCols;
-    nk_padded = kv_blocks * kFp8BlockCols;
+    kv_blocks = (p.Nk + block_cols - 1) / block_cols;
+    nk_padded = kv_blocks * block_cols;
     size_t at = 0;
     auto take = [&at](size_t bytes) {
       const size_t start = at;

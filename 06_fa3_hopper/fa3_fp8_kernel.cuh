@@ -41,9 +41,10 @@ struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout
   static constexpr int kConsumers = fp8_consumer_warpgroups(D);
   static constexpr int kThreads = kWgThreads * (kConsumers + 1);
   static constexpr int B_r = fp8_block_rows(D);  // query rows per CTA
-  // B_c: keys per K/V block. 128 = one 128-byte swizzle row of Vᵀ; S (64 fp32 registers)
-  // sits beside O (d/2) and P (B_c/8 = 16 registers of four e4m3).
-  static constexpr int B_c = kFp8BlockCols;
+  // B_c (fp8_block_cols, from Fp8Layout): keys per K/V block, 256 at d = 128 and 128 at
+  // d = 64 and 256. S takes B_c/2 fp32 registers per thread beside O (d/2) and P (B_c/8
+  // registers of four e4m3): 128 + 64 + 32 at d = 128.
+  using Fp8Layout<D>::B_c;
   // K/V ring depth. An FP8 block computes in half the time of a bf16 one, so a third stage
   // hides the loads better (H100: +0-7 %); it fits at d = 256 too (224 KiB).
   static constexpr int kStages = 3;
@@ -72,7 +73,7 @@ struct alignas(1024) Fp8SharedStorage {
   using Cfg = Fp8Config<D>;
   E4m3 q[Cfg::kConsumers][kWarpgroupRows * D];  // Q̂_i, one 64-row block per consumer
   E4m3 k[Cfg::kStages][Cfg::B_c * D];           // K̂_j ring
-  E4m3 vt[Cfg::kStages][D * Cfg::B_c];          // V̂_jᵀ ring: [d][B_c keys]
+  E4m3 vt[Cfg::kStages][D * Cfg::B_c];          // V̂_jᵀ ring: column chunks of [d][kVtChunkKeys]
   uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
@@ -94,11 +95,13 @@ struct Fp8Params {
 };
 
 // V̂_jᵀ into ring stage `stage` (the producer's V copy, fa3_kernel.cuh: produce): one box of
-// d rows x B_c keys.
-template <class Cfg, class Smem>
+// d rows x kVtChunkKeys keys per column chunk.
+template <class Cfg, int D, class Smem>
 __device__ void load_vt(Smem& s, const Fp8Params& p, const Tile& t, int stage, int j) {
   mbarrier_arrive_expect_tx(&s.v_full[stage], Cfg::kKVBytes);
-  tma_load_3d(s.vt[stage], &p.vt_map, j * Cfg::B_c, 0, t.kv_head, &s.v_full[stage]);
+  for (int c = 0; c < Cfg::kVtChunks; ++c)
+    tma_load_3d(&s.vt[stage][c * D * Cfg::kVtChunkKeys], &p.vt_map, j * Cfg::B_c + c * Cfg::kVtChunkKeys, 0,
+                t.kv_head, &s.v_full[stage]);
 }
 
 // O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([d rows][B_c keys]:
@@ -118,20 +121,17 @@ __device__ void gemm_pv_fp8(float (&O)[D / 2], const uint32_t (&P)[Cfg::B_c / Cf
 }
 
 // Online softmax on dequantized scores (06's online_softmax with two changes): the raw
-// QGMMA result Ŝ_ij is scaled by dequant = q_scale * k_scale_j (m_i is kept in dequantized
-// units, so blocks with different scales compare), and P_ij carries the factor 2^8.
+// QGMMA result Ŝ_ij goes to the exponent's log2 units in one multiply by
+// s_log2 = q_scale * k_scale_j * softmax scale * log2(e), and m_i is kept in those units
+// (so blocks with different scales compare); P_ij carries the factor 2^8.
 template <class Cfg>
 __device__ void online_softmax_fp8(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                   float scale_log2, float dequant) {
-  const float s_log2 = scale_log2 * dequant;  // Ŝ -> log2 units of the softmax
+                                   float s_log2) {
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    float raw_max = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < Cfg::B_c / 8; ++i) raw_max = fmaxf(raw_max, fmaxf(S[4 * i + 2 * slot], S[4 * i + 2 * slot + 1]));
-    const float m_new = fmaxf(m[slot], quad_max(raw_max) * dequant);
-    const float m_base = (m_new == -INFINITY ? 0.f : m_new) * scale_log2;  // fully masked so far: P = 0, alpha = 0
-    alpha[slot] = exp2_approx(m[slot] * scale_log2 - m_base);
+    const float m_new = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
+    const float m_base = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: P = 0, alpha = 0
+    alpha[slot] = exp2_approx(m[slot] - m_base);
     m[slot] = m_new;
     const float shift = float(Cfg::kPOffsetLog2) - m_base;
     float row_sum = 0.f;
@@ -171,22 +171,20 @@ __device__ void to_operand_fp8(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[
 template <class Cfg, int D, class Smem>
 struct Fp8Blocks {
   Smem& s;
-  float scale_log2;
-  float q_scale;         // this warpgroup's Q block
-  const float* k_scale;  // the head's K and V blocks
-  const float* v_scale;
-  float dequant = 0.f, v_scale_next = 0.f;  // block j's, read by begin(j)
-  float v_scale_cur;                        // the units O_i is kept in
-  __device__ Fp8Blocks(Smem& s_, float scale_log2_, float q_scale_, const float* k_scale_, const float* v_scale_)
-      : s(s_), scale_log2(scale_log2_), q_scale(q_scale_), k_scale(k_scale_), v_scale(v_scale_),
-        v_scale_cur(v_scale_[0]) {}
+  const Fp8Params& p;  // the kernel's parameters: read in place, no registers
+  int kv_base;         // the head's first K/V block in k_scale and v_scale
+  float q_log2;        // this warpgroup's q_scale times the softmax scale times log2(e)
+  float s_log2 = 0.f, v_scale_next = 0.f;  // block j's, read by begin(j)
+  float v_scale_cur;                       // the units O_i is kept in
+  __device__ Fp8Blocks(Smem& s_, const Fp8Params& p_, int kv_base_, float q_scale)
+      : s(s_), p(p_), kv_base(kv_base_), q_log2(q_scale * p_.scale_log2), v_scale_cur(p_.v_scale[kv_base_]) {}
   __device__ void begin(int j) {
-    dequant = q_scale * k_scale[j];
-    v_scale_next = v_scale[j];
+    s_log2 = q_log2 * p.k_scale[kv_base + j];
+    v_scale_next = p.v_scale[kv_base + j];
   }
   // O_i changes units every block (V's block scales), so it is rescaled every block.
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-    online_softmax_fp8<Cfg>(S, m, l, alpha, scale_log2, dequant);
+    online_softmax_fp8<Cfg>(S, m, l, alpha, s_log2);
     return true;
   }
   __device__ void to_units(float (&alpha)[2]) {
@@ -207,14 +205,11 @@ struct Fp8Blocks {
 template <class Cfg, int D, class Smem>
 __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const TurnTaking<Cfg>& turn) {
   constexpr float kPOffset = float(1 << Cfg::kPOffsetLog2);  // removed from l_i and O_i at the end
-  const Fragment f;
   const int wg_row0 = t.row0 + turn.wg * kWarpgroupRows;
   // Dequantization scales of this warpgroup's Q block and of the head's K/V blocks. A
   // warpgroup whose rows all lie past Nq computes on zeros and writes nothing.
-  Fp8Blocks<Cfg, D, Smem> blocks(s, p.scale_log2,
-                                 p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)],
-                                 p.k_scale + int64_t(t.kv_head) * p.kv_blocks,
-                                 p.v_scale + int64_t(t.kv_head) * p.kv_blocks);
+  Fp8Blocks<Cfg, D, Smem> blocks(s, p, t.kv_head * p.kv_blocks,
+                                 p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)]);
 
   float O[D / 2];                     // O_i accumulator, in units of blocks.v_scale_cur
   uint32_t P_op[Cfg::B_c / Cfg::kK][4];  // P_ij as the e4m3 A operand
@@ -234,7 +229,9 @@ __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const Tu
   rescale<D>(O, o_units);
   l[0] /= kPOffset;
   l[1] /= kPOffset;
-  write_output<D, __nv_bfloat16>(O, m, l, f, t.bh, wg_row0, p);
+  m[0] /= p.scale_log2;  // m_i from log2 units back to dequantized scores
+  m[1] /= p.scale_log2;
+  write_output<D, __nv_bfloat16>(O, m, l, t.bh, wg_row0, p);
 }
 
 template <int D>
@@ -246,7 +243,7 @@ __global__ void __launch_bounds__(Fp8Config<D>::kThreads, 1) fa3_fp8_forward(con
   init_barriers<Cfg>(s);
 
   warp_specialized_cta<Cfg>(
-      p, [&](const Tile& t) { produce<Cfg>(s, p, t, [&](int stage, int j) { load_vt<Cfg>(s, p, t, stage, j); }); },
+      p, [&](const Tile& t) { produce<Cfg>(s, p, t, [&](int stage, int j) { load_vt<Cfg, D>(s, p, t, stage, j); }); },
       [&](const Tile& t, const TurnTaking<Cfg>& turn) { consume_fp8<Cfg, D>(s, p, t, turn); });
 }
 
@@ -276,7 +273,7 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
   Fp8Params p{};
   p.q_map = make_tensor_map_3d(base + ws.q8, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kE4m3Bytes, Cfg::kSwizzle);
   p.k_map = make_tensor_map_3d(base + ws.k8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes, Cfg::kSwizzle);
-  // Vᵀ: rows are the d dims, columns the (padded) keys; one box = all d rows x B_c keys.
+  // Vᵀ: rows are the d dims, columns the (padded) keys; one box = all d rows x one chunk of keys.
   p.vt_map = make_tensor_map_3d(base + ws.vt8, kType, pr.B * pr.Hkv, D, int(ws.nk_padded), D, kE4m3Bytes,
                                 Cfg::kVtSwizzle);
   p.o = static_cast<__nv_bfloat16*>(tensors.o);

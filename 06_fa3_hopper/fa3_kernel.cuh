@@ -288,9 +288,26 @@ __device__ inline float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Row `slot`'s max over block S: a tree over the thread's B_c/4 values (log2 deep, where
+// a running max would be a chain of B_c/4 dependent instructions on the softmax's critical
+// path), then over the four threads of the row.
+template <class Cfg>
+__device__ float row_max(const float (&S)[Cfg::B_c / 2], int slot) {
+  constexpr int kPairs = Cfg::B_c / 8;
+  float v[kPairs];
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) v[i] = fmaxf(S[4 * i + 2 * slot], S[4 * i + 2 * slot + 1]);
+#pragma unroll
+  for (int w = 1; w < kPairs; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < kPairs; i += 2 * w) v[i] = fmaxf(v[i], v[i + w]);
+  return quad_max(v[0]);
+}
+
 // Keys past Nk (TMA read zeros there) and, causal, keys right of the diagonal get -inf.
 template <class Cfg, class Prm>
-__device__ void mask_block(float (&S)[Cfg::B_c / 2], const Fragment& f, int j, int wg_row0, const Prm& p) {
+__device__ void mask_block(float (&S)[Cfg::B_c / 2], int j, int wg_row0, const Prm& p) {
+  const Fragment f;
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
     const int last_key = p.causal ? min(p.Nk - 1, wg_row0 + f.row[slot] + (p.Nk - p.Nq)) : p.Nk - 1;
@@ -328,11 +345,7 @@ __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&
   bool any_moved = false;
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    float m_blk = m[slot];  // max(m_i, rowmax(S_ij))
-#pragma unroll
-    for (int i = 0; i < Cfg::B_c / 8; ++i)
-      m_blk = fmaxf(m_blk, fmaxf(S[4 * i + 2 * slot], S[4 * i + 2 * slot + 1]));
-    m_blk = quad_max(m_blk);
+    const float m_blk = fmaxf(m[slot], row_max<Cfg>(S, slot));  // max(m_i, rowmax(S_ij))
     const bool moved = !kLazy || (m_blk - m[slot]) * scale_log2 > rescale_log2;  // -inf - (-inf): false
     any_moved |= moved;
     const float m_new = moved ? m_blk : m[slot];
@@ -377,8 +390,9 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
 // O_i = diag(l_i)^-1 O_i; lse_i = m_i + log(l_i) (FA2 Algorithm 1, lines 12-13). Rows past
 // Nq are never written; a row with no visible key gets O = 0 and lse = -inf.
 template <int D, typename T, class Prm>
-__device__ void write_output(const float (&O)[D / 2], const float (&m)[2], const float (&l)[2], const Fragment& f,
-                             int bh, int wg_row0, const Prm& p) {
+__device__ void write_output(const float (&O)[D / 2], const float (&m)[2], const float (&l)[2], int bh, int wg_row0,
+                             const Prm& p) {
+  const Fragment f;
   const float l_row[2] = {quad_sum(l[0]), quad_sum(l[1])};  // whole-row sums (all lanes shuffle)
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
@@ -475,14 +489,13 @@ template <class Cfg, int D, class Smem, class Prm, class Blocks>
 __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const TurnTaking<Cfg>& turn, int wg_row0,
                                   float (&O)[D / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
                                   float (&l)[2], Blocks& blocks) {
-  const Fragment f;
   const auto* Q_i = s.q[turn.wg];
   float S[Cfg::B_c / 2];  // S_ij, then P_ij in place
   float alpha[2];         // exp(m_old - m_new), rescales O_i
   // Block 0: S_i0 and its softmax alone.
   blocks.begin(0);
   qk_and_wait<Cfg>(S, s, p, t, turn, Q_i, Slot<Cfg>(t.kv0), 0);
-  if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, f, 0, wg_row0, p);
+  if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, 0, wg_row0, p);
   blocks.softmax(S, m, l, alpha);  // O_i is still 0: nothing to rescale
   blocks.to_operand(S, P_op);
   for (int j = 1; j < t.n_blocks; ++j) {
@@ -500,7 +513,7 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     pin_registers(S);
     release_kv<Cfg>(&s.k_empty[cur.stage], p);
     release_q_after<Cfg>(s, t, j);
-    if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
+    if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
     const bool rescale_o = blocks.softmax(S, m, l, alpha);
     // ptxas schedules the wait below as early as it may, above the whole softmax, which
     // then runs after the P V instead of under it; the fence keeps the softmax first.
@@ -548,7 +561,6 @@ struct HalfBlocks {
 template <class Cfg, int D, typename T, class Smem>
 __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTaking<Cfg>& turn) {
   constexpr int B_c = Cfg::B_c;
-  const Fragment f;
   const int wg_row0 = t.row0 + turn.wg * kWarpgroupRows;
   const T* Q_i = s.q[turn.wg];
 
@@ -577,7 +589,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
         }
       qk_and_wait<Cfg>(S, s, p, t, turn, Q_i, slot, j);  // S_ij = Q_i K_jᵀ
       // m_i, P_ij, l_i; O_i *= exp(m_old - m_new)
-      if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, f, j, wg_row0, p);
+      if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
       online_softmax<Cfg, /*kLazy=*/false>(S, m, l, alpha, p.scale_log2, 0.f);
       rescale<D>(O, alpha);
       to_operand<Cfg, T>(S, P_op);
@@ -597,7 +609,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
     HalfBlocks<Cfg, D, T, Smem> blocks{s, p.scale_log2, p.rescale_log2};
     overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
   }
-  write_output<D, T>(O, m, l, f, t.bh, wg_row0, p);
+  write_output<D, T>(O, m, l, t.bh, wg_row0, p);
 }
 
 // The dynamic shared memory, aligned for the storage struct (TMA boxes want 128 B, the

@@ -47,14 +47,15 @@ struct QuantArgs {
   bool hadamard;
 };
 
-// One CTA per (head, block), 16 warps, so that each warp's few rows (4 of a Q block, 8 of a
-// K or V block) stay in its registers between the amax and the quantization; 32 at d = 256,
-// whose rows are twice as long (H100: 0.195 -> 0.172 ms at N = 16k; at d = 64 and 128 the
-// 32-warp CTA was slower).
-template <int D>
-constexpr int kRowWarps = D == 256 ? 32 : 16;
-template <int D>
-constexpr int kRowThreads = 32 * kRowWarps<D>;
+// One CTA per (head, block of R rows), 16 warps, so that each warp's few rows (4 of a Q
+// block, 8 of a K or V block of 128) stay in its registers between the amax and the
+// quantization; a warp takes at most 8 rows (24 warps for the 192-row K/V blocks of
+// d = 128); 32 warps at d = 256, whose rows are twice as long (H100: 0.195 -> 0.172 ms at
+// N = 16k; at d = 64 and 128 the 32-warp CTA was slower).
+template <int D, int R>
+constexpr int kRowWarps = D == 256 ? 32 : (R / 8 > 16 ? R / 8 : 16);
+template <int D, int R>
+constexpr int kRowThreads = 32 * kRowWarps<D, R>;
 
 // hadamard_sign(col) and wgmma_key_position(key) live in fa3_fp8.h (host and device).
 // The key order: the fp32 accumulator gives thread (lane % 4 = t) keys {2t, 2t+1, 8+2t,
@@ -173,9 +174,10 @@ __device__ inline float block_inv_scale(QuantPass pass, float local_amax, const 
 // tile's column (a warp reads 32 neighbouring bytes of a row at a time: no bank conflict)
 // in wgmma_key_position's order, and writes them as one 16-byte store along V̂ᵀ's row.
 template <int D>
-__device__ void store_transposed(const uint8_t (&tile)[kFp8BlockCols][D], const QuantArgs& a, int head, int key0) {
-  constexpr int kGroups = kFp8BlockCols / 16, kGroupsAtOnce = kRowThreads<D> / D;
-  static_assert(kRowThreads<D> % D == 0 && (kGroupsAtOnce >= kGroups || kGroups % kGroupsAtOnce == 0),
+__device__ void store_transposed(const uint8_t (&tile)[fp8_block_cols(D)][D], const QuantArgs& a, int head, int key0) {
+  constexpr int kThreads = kRowThreads<D, fp8_block_cols(D)>;
+  constexpr int kGroups = fp8_block_cols(D) / 16, kGroupsAtOnce = kThreads / D;
+  static_assert(kThreads % D == 0 && (kGroupsAtOnce >= kGroups || kGroups % kGroupsAtOnce == 0),
                 "whole key groups per thread");
   const int dim = threadIdx.x % D;
   uint8_t* row = a.dst + (size_t(head) * D + dim) * a.n_padded + key0;
@@ -202,13 +204,13 @@ __device__ void store_transposed(const uint8_t (&tile)[kFp8BlockCols][D], const 
 // transformed every row twice). Q and K are stored as they are; V (kTransposed) goes
 // through a shared-memory tile to V̂ᵀ (store_transposed), the keys past Nk as zeros.
 template <int D, int R, bool kTransposed>
-__global__ void __launch_bounds__(kRowThreads<D>) quantize_rows(const QuantArgs a, QuantPass pass) {
+__global__ void __launch_bounds__(kRowThreads<D, R>) quantize_rows(const QuantArgs a, QuantPass pass) {
   constexpr int E = D / 32;
-  constexpr int kWarps = kRowWarps<D>;
+  constexpr int kWarps = kRowWarps<D, R>;
   constexpr int kRows = R / kWarps;  // rows per warp
   static_assert(E == 2 || E == 4 || E == 8, "one 4-, 8- or 16-byte load per lane: d = 64, 128 or 256");
   static_assert(R % kWarps == 0, "whole rows per warp");
-  static_assert(!kTransposed || R == kFp8BlockCols, "V̂ᵀ blocks are B_c keys");
+  static_assert(!kTransposed || R == fp8_block_cols(D), "V̂ᵀ blocks are B_c keys");
   const int head = blockIdx.x / a.blocks, row0 = (blockIdx.x % a.blocks) * R;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const __nv_bfloat16* src = a.src + size_t(head) * a.N * D;
@@ -256,11 +258,11 @@ void quantize_inputs(const AttnProblem& p, const AttnTensors& t, const Fp8Option
   const unsigned q_ctas = unsigned(int64_t(p.B) * p.H * ws.q_blocks);  // stages.cu refuses > INT_MAX
   const unsigned kv_ctas = unsigned(int64_t(p.B) * p.Hkv * ws.kv_blocks);
   auto run = [&](QuantPass pass) {
-    quantize_rows<D, kFp8QBlockRows, false><<<q_ctas, kRowThreads<D>, 0, stream>>>(q, pass);
+    quantize_rows<D, kFp8QBlockRows, false><<<q_ctas, kRowThreads<D, kFp8QBlockRows>, 0, stream>>>(q, pass);
     CUDA_CHECK_LAUNCH();
-    quantize_rows<D, kFp8BlockCols, false><<<kv_ctas, kRowThreads<D>, 0, stream>>>(k, pass);
+    quantize_rows<D, fp8_block_cols(D), false><<<kv_ctas, kRowThreads<D, fp8_block_cols(D)>, 0, stream>>>(k, pass);
     CUDA_CHECK_LAUNCH();
-    quantize_rows<D, kFp8BlockCols, true><<<kv_ctas, kRowThreads<D>, 0, stream>>>(v, pass);
+    quantize_rows<D, fp8_block_cols(D), true><<<kv_ctas, kRowThreads<D, fp8_block_cols(D)>, 0, stream>>>(v, pass);
     CUDA_CHECK_LAUNCH();
   };
   if (opt.block_scales) {

@@ -103,7 +103,7 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   // Attention kernel: FA2's traffic with e = 1 (e4m3 Q, K, V), plus one byte per element
   // of O (written as bf16); then the pre-kernel's reads and writes.
   s.model_hbm_bytes = [opt](const AttnProblem& p) {
-    return hbm::fa2_bytes(p, fa3::fp8_block_rows(p.d), fa3::kFp8BlockCols) + double(p.o_elems()) +
+    return hbm::fa2_bytes(p, fa3::fp8_block_rows(p.d), fa3::fp8_block_cols(p.d)) + double(p.o_elems()) +
            fa3::fp8_quantize_bytes(p, opt);
   };
   return s;

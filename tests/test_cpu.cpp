@@ -339,8 +339,8 @@ void expect_fp8_layout_consistent() {
   using L = fa3::Fp8Layout<D>;
   SCOPED_TRACE("fp8 d = " + std::to_string(D));
   expect_kmajor_tile_consistent("Q̂_i", D, 64, L::kK, L::kAtomBytes, L::kSwizzle);
-  expect_kmajor_tile_consistent("K̂_j", D, fa3::kFp8BlockCols, L::kK, L::kAtomBytes, L::kSwizzle);
-  expect_kmajor_tile_consistent("V̂_jᵀ", fa3::kFp8BlockCols, D, L::kK, L::kVtAtomBytes, L::kVtSwizzle);
+  expect_kmajor_tile_consistent("K̂_j", D, L::B_c, L::kK, L::kAtomBytes, L::kSwizzle);
+  expect_kmajor_tile_consistent("V̂_jᵀ", L::B_c, D, L::kK, L::kVtAtomBytes, L::kVtSwizzle);
 }
 
 }  // namespace
@@ -371,6 +371,12 @@ TEST(Swizzle, Fp8TileLayoutsPerHeadDim) {
   EXPECT_EQ(fa3::Fp8Layout<128>::kSwizzle, Swizzle::b128);
   EXPECT_EQ(fa3::Fp8Layout<256>::kChunks, 2);
   EXPECT_EQ(hopper::kmajor_step_offset(4, 32, 128, Swizzle::b128), 128u * 128);  // d = 256: next chunk
+  // d = 128: B_c = 192 keys, so V̂ᵀ rows are three 64-byte column chunks (64B swizzle).
+  using L128 = fa3::Fp8Layout<128>;
+  EXPECT_EQ(L128::B_c, 192);
+  EXPECT_EQ(L128::kVtSwizzle, Swizzle::b64);
+  EXPECT_EQ(L128::kVtChunks, 3);
+  EXPECT_EQ(hopper::kmajor_step_offset(2, 32, 128, Swizzle::b64), 128u * 64);  // third K step: second chunk
 }
 
 TEST(Swizzle, WgmmaReadsWhatTmaWrote) {

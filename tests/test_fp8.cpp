@@ -82,7 +82,7 @@ TEST_F(Gpu, Fp8PreKernelMatchesHostModel) {
       p.H = 4;
       p.Hkv = 2;
       p.Nq = 200;  // ragged: 3 full Q blocks of 64 and 8 rows
-      p.Nk = 300;  // 2 full K/V blocks of 128 and 44 keys; V̂ᵀ padded to 384 with zeros
+      p.Nk = 300;  // K/V blocks of 128 keys: 2 full and 44 keys (of 192 at d = 128: 1 and 108); V̂ᵀ padded to 384 with zeros
       p.d = d;
       p.dtype = DType::fp8_e4m3;
       const Stage& s = find_stage(name);
@@ -99,7 +99,7 @@ TEST_F(Gpu, Fp8PreKernelMatchesHostModel) {
                             fa3::kFp8QBlockRows, hadamard, block_scales);
       expect_rows_quantized("K̂", in.host.k, to_host<uint8_t>(base, ws.k8, p.kv_elems()),
                             to_host<float>(base, ws.k_scale, size_t(kv_heads) * ws.kv_blocks), kv_heads, p.Nk, d,
-                            fa3::kFp8BlockCols, hadamard, block_scales);
+                            ws.block_cols, hadamard, block_scales);
       // V̂ᵀ [head][dim][key position]: key n of block n / B_c at wgmma_key_position(n % B_c),
       // V / v_scale rounded (no Hadamard on V); padded keys are zero.
       const std::vector<uint8_t> vt8 = to_host<uint8_t>(base, ws.vt8, size_t(kv_heads) * d * ws.nk_padded);
@@ -108,8 +108,8 @@ TEST_F(Gpu, Fp8PreKernelMatchesHostModel) {
       for (int h = 0; h < kv_heads && bad < 10; ++h)
         for (int64_t n = 0; n < ws.nk_padded; ++n)
           for (int c = 0; c < d; ++c) {
-            const int64_t block = n / fa3::kFp8BlockCols;
-            const int64_t pos = block * fa3::kFp8BlockCols + fa3::wgmma_key_position(int(n % fa3::kFp8BlockCols));
+            const int64_t block = n / ws.block_cols;
+            const int64_t pos = block * ws.block_cols + fa3::wgmma_key_position(int(n % ws.block_cols));
             const uint8_t byte = vt8[(int64_t(h) * d + c) * ws.nk_padded + pos];
             const double sv = v_scale[int64_t(h) * ws.kv_blocks + block];
             const double want = n < p.Nk ? in.host.v[(int64_t(h) * p.Nk + n) * d + c] : 0.0;
