@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <iterator>
@@ -90,8 +91,8 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   s.writes_lse = true;
   s.compute_bound = true;
   s.refuse = [](const AttnProblem& p) -> std::string {
-    const fa3::Fp8Workspace ws(p);  // the pre-kernel's grid (64-row Q blocks) is the largest
-    const long long ctas = ws.q_blocks * p.B * p.H;
+    const fa3::Fp8Workspace ws(p);  // the pre-kernel: one CTA per scale block of Q, K or V
+    const long long ctas = std::max(ws.q_blocks * p.B * p.H, ws.kv_blocks * p.B * p.Hkv);
     if (ctas > INT_MAX) return "needs " + std::to_string(ctas) + " CTAs; the 1-D grid holds at most 2^31 - 1";
     if (ws.nk_padded * p.d > INT_MAX) return "Nk too long for the transposed V tensor map";
     return "";
