@@ -35,7 +35,7 @@ constexpr int kFp8QBlockRows = 64;  // rows per Q scale = rows per consumer warp
 constexpr int fp8_block_cols(int d) { return d == 128 ? 192 : 128; }
 // Keys per row of a V̂ᵀ column chunk: one 128-byte swizzle row where B_c allows, else 64.
 constexpr int fp8_vt_chunk_keys(int d) { return fp8_block_cols(d) % 128 == 0 ? 128 : 64; }
-constexpr float kE4m3Max = 448.f;     // largest finite e4m3 value
+constexpr float kE4m3Max = 448.f;  // largest finite e4m3 value
 // Consumer warpgroups of 64 query rows each: three at d = 64, where O is small and the
 // softmax is a large share of the work (as 06d at d = 64), two at d = 128 and 256.
 constexpr int fp8_consumer_warpgroups(int d) { return d == 64 ? 3 : 2; }

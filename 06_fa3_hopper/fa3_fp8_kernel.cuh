@@ -41,9 +41,9 @@ struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout
   static constexpr int kConsumers = fp8_consumer_warpgroups(D);
   static constexpr int kThreads = kWgThreads * (kConsumers + 1);
   static constexpr int B_r = fp8_block_rows(D);  // query rows per CTA
-  // B_c (fp8_block_cols, from Fp8Layout): keys per K/V block, 256 at d = 128 and 128 at
+  // B_c (fp8_block_cols, from Fp8Layout): keys per K/V block, 192 at d = 128 and 128 at
   // d = 64 and 256. S takes B_c/2 fp32 registers per thread beside O (d/2) and P (B_c/8
-  // registers of four e4m3): 128 + 64 + 32 at d = 128.
+  // registers of four e4m3): 96 + 64 + 24 at d = 128.
   using Fp8Layout<D>::B_c;
   // K/V ring depth. An FP8 block computes in half the time of a bf16 one, so a third stage
   // hides the loads better (H100: +0-7 %); it fits at d = 256 too (224 KiB).

@@ -169,14 +169,14 @@ __device__ inline float block_inv_scale(QuantPass pass, float local_amax, const 
   return 1.f / scale;
 }
 
-// V̂ᵀ from a quantized V block in shared memory ([B_c keys][d], row-major): thread t takes
+// V̂ᵀ from a quantized V block in shared memory ([R keys][d], row-major): thread t takes
 // dim t % d and every (threads/d)-th group of 16 keys, reads the group's 16 bytes down the
 // tile's column (a warp reads 32 neighbouring bytes of a row at a time: no bank conflict)
 // in wgmma_key_position's order, and writes them as one 16-byte store along V̂ᵀ's row.
-template <int D>
-__device__ void store_transposed(const uint8_t (&tile)[fp8_block_cols(D)][D], const QuantArgs& a, int head, int key0) {
-  constexpr int kThreads = kRowThreads<D, fp8_block_cols(D)>;
-  constexpr int kGroups = fp8_block_cols(D) / 16, kGroupsAtOnce = kThreads / D;
+template <int D, int R>
+__device__ void store_transposed(const uint8_t (&tile)[R][D], const QuantArgs& a, int head, int key0) {
+  constexpr int kThreads = kRowThreads<D, R>;
+  constexpr int kGroups = R / 16, kGroupsAtOnce = kThreads / D;
   static_assert(kThreads % D == 0 && (kGroupsAtOnce >= kGroups || kGroups % kGroupsAtOnce == 0),
                 "whole key groups per thread");
   const int dim = threadIdx.x % D;
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kRowThreads<D, R>) quantize_rows(const QuantAr
 #pragma unroll
     for (int i = 0; i < kRows; ++i) store_e4m3<E>(&tile[warp + i * kWarps][lane * E], x[i], inv_scale);
     __syncthreads();
-    store_transposed<D>(tile, a, head, row0);
+    store_transposed<D, R>(tile, a, head, row0);
   } else {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
@@ -240,6 +240,13 @@ __global__ void __launch_bounds__(kRowThreads<D, R>) quantize_rows(const QuantAr
       if (row0 + r < a.N) store_e4m3<E>(a.dst + (size_t(head) * a.N + row0 + r) * D + lane * E, x[i], inv_scale);
     }
   }
+}
+
+// One launch of quantize_rows: a CTA of kRowThreads<D, R> per scale block.
+template <int D, int R, bool kTransposed>
+void launch_quantize_rows(const QuantArgs& a, QuantPass pass, unsigned ctas, cudaStream_t stream) {
+  quantize_rows<D, R, kTransposed><<<ctas, kRowThreads<D, R>, 0, stream>>>(a, pass);
+  CUDA_CHECK_LAUNCH();
 }
 
 // The whole pre-kernel: Q, K, V of `t` -> the workspace. Keys past Nk are zero in Vᵀ.
@@ -257,13 +264,11 @@ void quantize_inputs(const AttnProblem& p, const AttnTensors& t, const Fp8Option
   const QuantArgs v = args(t.v, ws.vt8, ws.v_scale, 2, p.Nk, ws.kv_blocks, false);
   const unsigned q_ctas = unsigned(int64_t(p.B) * p.H * ws.q_blocks);  // stages.cu refuses > INT_MAX
   const unsigned kv_ctas = unsigned(int64_t(p.B) * p.Hkv * ws.kv_blocks);
+  constexpr int B_c = fp8_block_cols(D);
   auto run = [&](QuantPass pass) {
-    quantize_rows<D, kFp8QBlockRows, false><<<q_ctas, kRowThreads<D, kFp8QBlockRows>, 0, stream>>>(q, pass);
-    CUDA_CHECK_LAUNCH();
-    quantize_rows<D, fp8_block_cols(D), false><<<kv_ctas, kRowThreads<D, fp8_block_cols(D)>, 0, stream>>>(k, pass);
-    CUDA_CHECK_LAUNCH();
-    quantize_rows<D, fp8_block_cols(D), true><<<kv_ctas, kRowThreads<D, fp8_block_cols(D)>, 0, stream>>>(v, pass);
-    CUDA_CHECK_LAUNCH();
+    launch_quantize_rows<D, kFp8QBlockRows, false>(q, pass, q_ctas, stream);
+    launch_quantize_rows<D, B_c, false>(k, pass, kv_ctas, stream);
+    launch_quantize_rows<D, B_c, true>(v, pass, kv_ctas, stream);
   };
   if (opt.block_scales) {
     run(QuantPass::block_amax);
