@@ -89,7 +89,7 @@ struct Fp8Params {
   int q_blocks, kv_blocks;
   int Nq, Nk, H, Hkv, group, m_blocks, n_tiles, n_units;
   TileOrder order;
-  float scale, scale_log2;
+  float scale_log2;
   bool causal;
   bool cta_pairs = false;  // the FP8 path keeps one CTA per cluster (fa3_kernel.cuh: Schedule)
 };
@@ -118,33 +118,6 @@ __device__ void gemm_pv_fp8(float (&O)[D / 2], const uint32_t (&P)[Cfg::B_c / Cf
                        /*accumulate=*/1);
   wgmma_commit();
   pin_registers(O);
-}
-
-// Online softmax on dequantized scores (06's online_softmax with two changes): the raw
-// QGMMA result Ŝ_ij goes to the exponent's log2 units in one multiply by
-// s_log2 = q_scale * k_scale_j * softmax scale * log2(e), and m_i is kept in those units
-// (so blocks with different scales compare); P_ij carries the factor 2^8.
-template <class Cfg>
-__device__ void online_softmax_fp8(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                   float s_log2) {
-#pragma unroll
-  for (int slot = 0; slot < 2; ++slot) {
-    const float m_new = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
-    const float m_base = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: P = 0, alpha = 0
-    alpha[slot] = exp2_approx(m[slot] - m_base);
-    m[slot] = m_new;
-    const float shift = float(Cfg::kPOffsetLog2) - m_base;
-    float row_sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < Cfg::B_c / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& s_ij = S[4 * i + 2 * slot + e];
-        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
-        row_sum += s_ij;
-      }
-    l[slot] = alpha[slot] * l[slot] + row_sum;
-  }
 }
 
 // P (fp32 accumulator layout) -> the e4m3 A operand of the P V QGMMA. Per K step of 32 keys
@@ -184,7 +157,8 @@ struct Fp8Blocks {
   }
   // O_i changes units every block (V's block scales), so it is rescaled every block.
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-    online_softmax_fp8<Cfg>(S, m, l, alpha, s_log2);
+    // Scores dequantized by q_scale * k_scale_j, folded into s_log2; P_ij times 2^8.
+    online_softmax<Cfg, /*kLazy=*/false>(S, m, l, alpha, s_log2, 0.f, Cfg::kPOffsetLog2);
     return true;
   }
   __device__ void to_units(float (&alpha)[2]) {
@@ -229,8 +203,6 @@ __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const Tu
   rescale<D>(O, o_units);
   l[0] /= kPOffset;
   l[1] /= kPOffset;
-  m[0] /= p.scale_log2;  // m_i from log2 units back to dequantized scores
-  m[1] /= p.scale_log2;
   write_output<D, __nv_bfloat16>(O, m, l, t.bh, wg_row0, p);
 }
 

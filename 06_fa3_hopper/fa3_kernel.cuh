@@ -99,7 +99,7 @@ struct Params {
   int Nq, Nk, H, Hkv, group, m_blocks, n_tiles;  // n_tiles = m_blocks * B * H
   int n_units;       // what the grid walks: the tiles, or with cta_pairs the pairs of tiles
   TileOrder order;   // which tile unit u is (common/tile_order.h: longest first with a causal mask)
-  float scale, scale_log2;  // softmax scale, and scale * log2(e) for exp2
+  float scale_log2;  // softmax scale * log2(e), for exp2
   float rescale_log2;       // 06d's lazy rescaling: O_i is rescaled once a max grows by more (online_softmax)
   bool causal;
   bool cta_pairs;  // Schedule::persistent_cta_pairs: clusters of 2 CTAs share K/V loads
@@ -329,6 +329,9 @@ __device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
 //   m_i^new = max(m_i, rowmax(S_ij));  P_ij = exp(S_ij - m_i^new) (in place in S);
 //   alpha = exp(m_i - m_i^new);  l_i = alpha l_i + rowsum(P_ij)   (l_i: this thread's part).
 // The caller rescales O_i by alpha (06d: later, once the in-flight P V has landed).
+// s_log2 takes a raw score to the exponent's log2 units (softmax scale * log2(e); the FP8
+// kernel folds its dequantization scales in, per block), and m_i is kept in those units;
+// P_ij carries a factor 2^p_offset_log2 (FP8: 2^8, FA3's max offset), so does l_i.
 //
 // kLazy (06d): a row's m_i moves only when its max has grown by more than rescale_log2 in
 // the exponent's log2 units; otherwise the block is exponentiated against the old m_i, so
@@ -341,26 +344,27 @@ __device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
 // softmax on its critical path, pays for (measured: 5-8 % at d <= 128).
 template <class Cfg, bool kLazy>
 __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                               float scale_log2, float rescale_log2) {
+                               float s_log2, float rescale_log2, float p_offset_log2 = 0.f) {
   bool any_moved = false;
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    const float m_blk = fmaxf(m[slot], row_max<Cfg>(S, slot));  // max(m_i, rowmax(S_ij))
-    const bool moved = !kLazy || (m_blk - m[slot]) * scale_log2 > rescale_log2;  // -inf - (-inf): false
+    const float m_blk = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);  // max(m_i, rowmax(S_ij))
+    const bool moved = !kLazy || m_blk - m[slot] > rescale_log2;           // -inf - (-inf): false
     any_moved |= moved;
     const float m_new = moved ? m_blk : m[slot];
     // A row that has seen only masked keys keeps m = -inf; exponentiate against 0 so
     // that exp(-inf - (-inf)) never appears: its P is 0 and alpha is 0.
-    const float m_base = (m_new == -INFINITY ? 0.f : m_new) * scale_log2;
-    alpha[slot] = moved ? exp2_approx(m[slot] * scale_log2 - m_base) : 1.f;
+    const float m_base = m_new == -INFINITY ? 0.f : m_new;
+    alpha[slot] = moved ? exp2_approx(m[slot] - m_base) : 1.f;
     m[slot] = m_new;
+    const float shift = p_offset_log2 - m_base;
     float row_sum = 0.f;
 #pragma unroll
     for (int i = 0; i < Cfg::B_c / 8; ++i)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& s_ij = S[4 * i + 2 * slot + e];
-        s_ij = exp2_approx(fmaf(s_ij, scale_log2, -m_base));
+        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
         row_sum += s_ij;
       }
     l[slot] = alpha[slot] * l[slot] + row_sum;
@@ -387,8 +391,11 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
     for (int r = 0; r < 4; ++r) P_op[kk][r] = pack2<T>(P[8 * kk + 2 * r], P[8 * kk + 2 * r + 1]);
 }
 
-// O_i = diag(l_i)^-1 O_i; lse_i = m_i + log(l_i) (FA2 Algorithm 1, lines 12-13). Rows past
+// O_i = diag(l_i)^-1 O_i; lse_i = m_i + log(l_i) (FA2 Algorithm 1, lines 12-13), with m_i
+// from log2 units (online_softmax) back to natural ones (times ln 2). Rows past
 // Nq are never written; a row with no visible key gets O = 0 and lse = -inf.
+constexpr float kLn2 = 0.693147180559945f;
+
 template <int D, typename T, class Prm>
 __device__ void write_output(const float (&O)[D / 2], const float (&m)[2], const float (&l)[2], int bh, int wg_row0,
                              const Prm& p) {
@@ -405,7 +412,7 @@ __device__ void write_output(const float (&O)[D / 2], const float (&m)[2], const
       *reinterpret_cast<uint32_t*>(o_row + 8 * i + f.col_base) =
           pack2<T>(O[4 * i + 2 * slot] * inv_l, O[4 * i + 2 * slot + 1] * inv_l);
     if (p.lse && f.col_base == 0)
-      p.lse[size_t(bh) * p.Nq + row] = l_row[slot] > 0.f ? m[slot] * p.scale + logf(l_row[slot]) : -INFINITY;
+      p.lse[size_t(bh) * p.Nq + row] = l_row[slot] > 0.f ? m[slot] * kLn2 + logf(l_row[slot]) : -INFINITY;
   }
 }
 
@@ -567,7 +574,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
   float O[D / 2];                       // O_i accumulator (fp32, wgmma layout)
   float S[B_c / 2];                     // S_ij, then P_ij in place
   uint32_t P_op[B_c / Cfg::kK][4];      // P_ij as the A operand of the P V wgmma
-  float m[2] = {-INFINITY, -INFINITY};  // m_i: running row max (raw scores)
+  float m[2] = {-INFINITY, -INFINITY};  // m_i: running row max (scaled scores, log2 units)
   float l[2] = {0.f, 0.f};              // l_i: running row sum, this thread's columns
   float alpha[2];                       // exp(m_old - m_new), rescales O_i
 #pragma unroll
@@ -759,8 +766,7 @@ void set_problem(Prm& p, const AttnProblem& pr, size_t kv_elem_bytes) {
   p.n_tiles = p.m_blocks * pr.B * pr.H;  // stages.cu refuses more than INT_MAX
   p.n_units = p.n_tiles;
   p.order = tile_order(pr, Cfg::B_r, kv_elem_bytes);
-  p.scale = pr.softmax_scale();
-  p.scale_log2 = p.scale * float(M_LOG2E);
+  p.scale_log2 = pr.softmax_scale() * float(M_LOG2E);
   p.causal = pr.causal;
 }
 
