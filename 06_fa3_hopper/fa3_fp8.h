@@ -92,7 +92,7 @@ struct Fp8Workspace {
   int block_cols;               // B_c of head dim d: fp8_block_cols(d)
   int64_t q_blocks, kv_blocks;  // scale blocks per head: ceil(Nq / 64), ceil(Nk / B_c)
   int64_t nk_padded;            // Vᵀ row length: Nk rounded up to whole B_c blocks
-  size_t q8, k8, vt8, q_scale, k_scale, v_scale, amax, total;  // byte offsets; total = size
+  size_t q8, k8, vt8, q_scale, k_scale, v_scale, amax, unit_counter, total;  // byte offsets; total = size
 
   explicit Fp8Workspace(const AttnProblem& p) {
     block_cols = fp8_block_cols(p.d);
@@ -112,6 +112,7 @@ struct Fp8Workspace {
     k_scale = take(sizeof(float) * p.B * p.Hkv * kv_blocks);
     v_scale = take(sizeof(float) * p.B * p.Hkv * kv_blocks);
     amax = take(sizeof(float) * 3);  // per-tensor amax of Q, K, V (per-tensor scales only)
+    unit_counter = take(sizeof(int));  // the persistent schedule's (fa3_kernel.cuh: next_unit)
     total = at;
   }
 };

@@ -77,6 +77,7 @@ struct alignas(1024) Fp8SharedStorage {
   uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
+  int unit;  // as in SharedStorage
 };
 
 struct Fp8Params {
@@ -92,6 +93,7 @@ struct Fp8Params {
   float scale_log2;
   bool causal;
   bool cta_pairs = false;  // the FP8 path keeps one CTA per cluster (fa3_kernel.cuh: Schedule)
+  int* unit_counter;       // as in Params
 };
 
 // V̂_jᵀ into ring stage `stage` (the producer's V copy, fa3_kernel.cuh: produce): one box of
@@ -192,7 +194,6 @@ __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const Tu
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) O[i] = 0.f;
 
-  mbarrier_wait(&s.q_full, t.seq & 1);
   if (t.n_blocks == 0)
     release_q_after<Cfg>(s, t, -1);  // a tile with no visible K/V block never reads Q̂_i
   else
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(Fp8Config<D>::kThreads, 1) fa3_fp8_forward(con
   init_barriers<Cfg>(s);
 
   warp_specialized_cta<Cfg>(
-      p, [&](const Tile& t) { produce<Cfg>(s, p, t, [&](int stage, int j) { load_vt<Cfg, D>(s, p, t, stage, j); }); },
+      s, p, [&](const Tile& t, int stage, int j) { load_vt<Cfg, D>(s, p, t, stage, j); },
       [&](const Tile& t, const TurnTaking<Cfg>& turn) { consume_fp8<Cfg, D>(s, p, t, turn); });
 }
 
@@ -258,6 +259,7 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
   set_problem<Cfg>(p, pr, sizeof(E4m3));
 
   const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
+  p.unit_counter = unit_counter(tensors, ws.unit_counter, schedule, pr.causal, stream);
   fa3_fp8_forward<D><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }

@@ -89,6 +89,7 @@ struct alignas(1024) SharedStorage {  // 128-byte swizzle atoms need 1024-byte a
   uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
+  int unit;  // the unit of the tile whose Q_i q_full announces (produce_tiles)
 };
 
 template <typename T>
@@ -102,7 +103,9 @@ struct Params {
   float scale_log2;  // softmax scale * log2(e), for exp2
   float rescale_log2;       // 06d's lazy rescaling: O_i is rescaled once a max grows by more (online_softmax)
   bool causal;
-  bool cta_pairs;  // Schedule::persistent_cta_pairs: clusters of 2 CTAs share K/V loads
+  bool cta_pairs;     // Schedule::persistent_cta_pairs: clusters of 2 CTAs share K/V loads
+  int* unit_counter;  // Schedule::persistent: units past the first round, handed out in turn
+                      // (zeroed before each launch); null: the fixed rounds of next_unit
 };
 
 // One unit of work: query rows [row0, row0 + B_r) of head bh, against n_blocks K/V blocks.
@@ -144,20 +147,40 @@ __device__ Tile make_tile(const Prm& p, int unit) {
   return t;
 }
 
-// The CTA's units, in order: blockIdx.x, blockIdx.x + gridDim.x, ... (per cluster with CTA
-// pairs). Producer and consumers each walk the same list, so they agree on every tile's
-// ring slots without talking.
+// The units of a CTA that does its own loads (06a, one tile per CTA): blockIdx.x,
+// blockIdx.x + gridDim.x, ...
 template <class Cfg, class Prm, class Body>
 __device__ void for_each_tile(const Prm& p, Body&& body) {
-  const int ctas_per_unit = Cfg::kMayPairCtas && p.cta_pairs ? 2 : 1;
   int seq = 0, kv = 0;
-  for (int unit = blockIdx.x / ctas_per_unit; unit < p.n_units; unit += gridDim.x / ctas_per_unit) {
+  for (int unit = blockIdx.x; unit < p.n_units; unit += gridDim.x) {
     Tile t = make_tile<Cfg>(p, unit);
     t.seq = seq++;
     t.kv0 = kv;
     kv += t.n_blocks;
     body(t);
   }
+}
+
+// The seq-th unit of a warp-specialized CTA. The first is the CTA's own index (per cluster
+// with CTA pairs). Schedule::persistent then hands out units in turn from a counter, each
+// to whichever CTA asks next: a greedy list schedule, as the hardware's own hand-out of
+// CTAs is, which with the causal mask's longest-first order (tile_order.h) keeps the CTAs'
+// total work within about one tile of each other. (Fixed rounds b, b + G, ... would give
+// CTA 0 the longest tile of every round.) Past the last unit, the producer tells the
+// consumers to stop.
+//
+// Called by a whole warp (produce_tiles), which gets the unit as a warp-uniform value: the
+// tile's coordinates then live in uniform registers. Read by one thread, they would not fit
+// the producer's 24 registers per thread (setmaxnreg) next to everything else.
+template <class Cfg, class Prm>
+__device__ int next_unit(const Prm& p, int seq) {
+  const int ctas_per_unit = Cfg::kMayPairCtas && p.cta_pairs ? 2 : 1;
+  const int ctas = gridDim.x / ctas_per_unit, cta = blockIdx.x / ctas_per_unit;
+  if (seq == 0 || !p.unit_counter)  // CTA pairs, and one tile per CTA (whose second unit is past the end)
+    return seq * ctas + cta;
+  int taken = 0;
+  if (threadIdx.x % 32 == 0) taken = atomicAdd(p.unit_counter, 1);
+  return ctas + __reduce_max_sync(0xffffffffu, taken);  // lane 0's, to every lane
 }
 
 // Ring slot of the CTA's it-th K/V block: stage it mod s, and the parity of the lap.
@@ -201,20 +224,56 @@ __device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, 
   }
 }
 
-// The producer (one thread; 06b-d and the FP8 kernel), per tile: Q_i once the consumers
-// are done with the last tile's, then K_j and V_j into the ring, each stage reused once
-// every consumer warp released it ("empty" barriers; on the first lap they pass at once).
-// `load_v(stage, j)` copies V_j (the FP8 path: V̂_jᵀ) and completes on v_full[stage].
+// The producer (one warp; 06b-d and the FP8 kernel; its lane 0 issues every copy), tile
+// after tile: Q_i once the
+// consumers are done with the last tile's, then K_j and V_j into the ring, each stage reused
+// once every consumer warp released it ("empty" barriers; on the first lap they pass at
+// once). The unit of each tile goes to the consumers in shared memory, announced by Q_i's
+// "full" barrier (its arrival releases the write; their wait acquires it), which after the
+// last unit completes with no copy: the consumers' signal to stop (consume_tiles).
+// `load_v(t, stage, j)` copies V_j (the FP8 path: V̂_jᵀ) and completes on v_full[stage].
 template <class Cfg, class Smem, class Prm, class LoadV>
-__device__ void produce(Smem& s, const Prm& p, const Tile& t, LoadV&& load_v) {
-  mbarrier_wait(&s.q_empty, (t.seq & 1) ^ 1);
-  load_q<Cfg>(s, p, t);
-  for (int j = 0; j < t.n_blocks; ++j) {
-    const Slot<Cfg> slot(t.kv0 + j);
-    mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
-    load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage], p);
-    mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
-    load_v(slot.stage, j);
+__device__ void produce_tiles(Smem& s, const Prm& p, LoadV&& load_v) {
+  int kv = 0;
+  for (int seq = 0;; ++seq) {
+    // Asked for only once the last tile's loads are all issued, with the ring's last blocks
+    // still ahead of the consumers: the CTA takes its next unit shortly before it is free.
+    const int unit = next_unit<Cfg>(p, seq);
+    mbarrier_wait(&s.q_empty, (seq & 1) ^ 1);  // the consumers read the last unit and are done with its Q_i
+    const bool leader = threadIdx.x % 32 == 0;
+    if (leader) s.unit = unit;
+    if (unit >= p.n_units) {
+      if (leader) mbarrier_arrive(&s.q_full);
+      return;
+    }
+    Tile t = make_tile<Cfg>(p, unit);
+    t.seq = seq;
+    t.kv0 = kv;
+    kv += t.n_blocks;
+    if (leader) load_q<Cfg>(s, p, t);
+    for (int j = 0; j < t.n_blocks; ++j) {
+      const Slot<Cfg> slot(t.kv0 + j);
+      mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
+      if (leader) load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage], p);
+      mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
+      if (leader) load_v(t, slot.stage, j);
+    }
+  }
+}
+
+// The consumers' side of produce_tiles: each tile's unit, read once its Q_i has arrived.
+template <class Cfg, class Smem, class Prm, class Body>
+__device__ void consume_tiles(Smem& s, const Prm& p, Body&& body) {
+  int kv = 0;
+  for (int seq = 0;; ++seq) {
+    mbarrier_wait(&s.q_full, seq & 1);
+    const int unit = __reduce_max_sync(0xffffffffu, s.unit);  // the same in every lane: warp-uniform
+    if (unit >= p.n_units) return;
+    Tile t = make_tile<Cfg>(p, unit);
+    t.seq = seq;
+    t.kv0 = kv;
+    kv += t.n_blocks;
+    body(t);
   }
 }
 
@@ -491,11 +550,13 @@ __device__ inline void release_kv(uint64_t* empty, const Prm& p) {
 }
 
 // 06b-d and FP8: once the tile's last Q K_jᵀ has landed (j = n_blocks - 1; j = -1 for a tile
-// with no visible K/V block, which never reads Q_i), Q_i's buffer may take the next tile's Q.
+// with no visible K/V block, which never reads Q_i), Q_i's buffer may take the next tile's Q,
+// and the unit slot the next unit (produce_tiles). Every consumer thread arrives: each read
+// the unit slot itself (consume_tiles), and its arrival orders that read before the write.
 template <class Cfg, class Smem>
 __device__ inline void release_q_after(Smem& s, const Tile& t, int j) {
   if constexpr (Cfg::kWarpSpecialized)
-    if (j == t.n_blocks - 1) release(&s.q_empty);
+    if (j == t.n_blocks - 1) mbarrier_arrive(&s.q_empty);
 }
 
 // S_ij = Q_i K_jᵀ alone: issued in this warpgroup's turn and waited for; then K_j's ring
@@ -615,9 +676,10 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) O[i] = 0.f;
 
-  if constexpr (!Cfg::kWarpSpecialized)
-    if (threadIdx.x == 0) load_q<Cfg>(s, p, t);  // 06a: the one warpgroup fetches for itself
-  mbarrier_wait(&s.q_full, t.seq & 1);
+  if constexpr (!Cfg::kWarpSpecialized) {  // 06a: the one warpgroup fetches for itself
+    if (threadIdx.x == 0) load_q<Cfg>(s, p, t);
+    mbarrier_wait(&s.q_full, t.seq & 1);
+  }  // (06b-d: consume_tiles waited for Q_i)
   release_q_after<Cfg>(s, t, -1);  // a tile with no visible K/V block never reads Q_i
 
   if constexpr (!Cfg::kIntraOverlap) {
@@ -670,7 +732,7 @@ __device__ inline void init_barriers(Smem& s, bool cta_pairs = false) {
   if (threadIdx.x == 0) {
     constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
     mbarrier_init(&s.q_full, 1);
-    mbarrier_init(&s.q_empty, kConsumerWarps);
+    mbarrier_init(&s.q_empty, kConsumerWarps * 32);  // every consumer thread (release_q_after)
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbarrier_init(&s.k_full[i], 1);  // the loader's arrive.expect_tx; then the bytes
       mbarrier_init(&s.v_full[i], 1);
@@ -688,19 +750,20 @@ __device__ inline void init_barriers(Smem& s, bool cta_pairs = false) {
 // ---------------------------------------------------------------------------------------
 
 // A warp-specialized CTA (06b-d and the FP8 kernel): warpgroup 0 gives registers back and
-// one of its threads issues every copy, tile by tile; the consumer warpgroups take the
-// registers and compute each tile, taking turns that run on from one tile to the next.
-template <class Cfg, class Prm, class Produce, class Consume>
-__device__ void warp_specialized_cta(const Prm& p, Produce&& produce_tile, Consume&& consume_tile) {
+// one of its threads issues every copy, tile by tile (produce_tiles); the consumer
+// warpgroups take the registers and compute each tile, taking turns that run on from one
+// tile to the next.
+template <class Cfg, class Smem, class Prm, class LoadV, class Consume>
+__device__ void warp_specialized_cta(Smem& s, const Prm& p, LoadV&& load_v, Consume&& consume_tile) {
   const int wg = threadIdx.x / Cfg::kWgThreads;
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) for_each_tile<Cfg>(p, produce_tile);
+    if (threadIdx.x < 32) produce_tiles<Cfg>(s, p, load_v);
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     const TurnTaking<Cfg> turn{wg - 1};
     turn.start();
-    for_each_tile<Cfg>(p, [&](const Tile& t) { consume_tile(t, turn); });
+    consume_tiles<Cfg>(s, p, [&](const Tile& t) { consume_tile(t, turn); });
     turn.finish();
   }
 }
@@ -715,11 +778,9 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
 
   if constexpr (Cfg::kWarpSpecialized) {
     warp_specialized_cta<Cfg>(
-        p,
-        [&](const Tile& t) {
-          produce<Cfg>(s, p, t, [&](int stage, int j) {
-            load_kv<Cfg>(s.v[stage], &p.v_map, j, t.kv_head, &s.v_full[stage], p);
-          });
+        s, p,
+        [&](const Tile& t, int stage, int j) {
+          load_kv<Cfg>(s.v[stage], &p.v_map, j, t.kv_head, &s.v_full[stage], p);
         },
         [&](const Tile& t, const TurnTaking<Cfg>& turn) { consume<Cfg, D>(s, p, t, turn); });
   } else {
@@ -789,6 +850,20 @@ inline unsigned grid_size(long long tiles, Schedule schedule, int ctas_per_sm) {
   return unsigned(std::min(tiles, 1LL * sms * ctas_per_sm));
 }
 
+// Schedule::persistent with a causal mask hands out units from a counter (next_unit): an
+// int in the Stage's workspace, zeroed on the stream before each launch. Without a mask
+// every tile costs the same, and the fixed rounds b, b + G, ... are as balanced as a greedy
+// hand-out, with no atomics; other schedules need no counter either.
+inline int* unit_counter(const AttnTensors& tensors, size_t offset, Schedule schedule, bool causal,
+                         cudaStream_t stream) {
+  if (schedule != Schedule::persistent || !causal) return nullptr;
+  if (!tensors.workspace || tensors.workspace_bytes < offset + sizeof(int))
+    throw AttnError("06_fa3_hopper: the persistent schedule needs the Stage's workspace (its unit counter)");
+  int* counter = reinterpret_cast<int*>(static_cast<char*>(tensors.workspace) + offset);
+  CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
+  return counter;
+}
+
 // The problem's sizes and scales as the kernels read them (Params<T> or Fp8Params).
 template <class Cfg, class Prm>
 void set_problem(Prm& p, const AttnProblem& pr, size_t kv_elem_bytes) {
@@ -834,6 +909,7 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
 
   if (!p.cta_pairs) {
     const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
+    p.unit_counter = unit_counter(tensors, 0, schedule, pr.causal, stream);
     fa3_forward<V, D, T><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
     CUDA_CHECK_LAUNCH();
     return;

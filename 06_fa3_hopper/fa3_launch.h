@@ -48,14 +48,15 @@ constexpr int block_cols(Variant v, int d) {
 constexpr float kRescaleLog2 = 8.f;
 
 // How tiles (B_r query rows of one head) map to CTAs. Every kernel walks its tiles in a
-// loop, so both schedules run the same code; only the grid differs.
+// loop, so the schedules run the same code; the grid and the hand-out differ.
 enum class Schedule {
   one_tile_per_cta,  // grid = all tiles; the hardware starts a new CTA whenever one retires
-  persistent,        // grid = as many CTAs as fit at once (one per SM here); each walks the
-                     // tiles blockIdx.x, blockIdx.x + gridDim.x, ...: the producer loads the
-                     // next tile's Q, K, V while the consumers finish the current one
+  persistent,        // grid = as many CTAs as fit at once (one per SM here); CTA b starts on
+                     // tile b, then takes the next tile not yet taken (a counter in the
+                     // workspace): the producer loads the next tile's Q, K, V while the
+                     // consumers finish the current one, and no CTA starts per tile
   persistent_cta_pairs,  // persistent, in clusters of two CTAs that take neighbouring Q blocks
-                         // of one head: each loads half of every K/V block into both (TMA
+                         // of one head (pair u, u + G, ...): each loads half of every K/V block into both (TMA
                          // multicast), halving L2 -> shared-memory traffic. Without a causal
                          // mask only (both tiles of a pair must read the same K/V blocks).
                          // The ablation 06d_cta_pairs; no faster than `persistent` (README).

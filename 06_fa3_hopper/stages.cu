@@ -23,13 +23,11 @@ using ScheduleFn = Schedule (*)(const AttnProblem&);
 
 // 06a-c keep one tile per CTA, so that their steps measure only their own idea (06a has no
 // producer to run ahead into a next tile; its kernel would walk a persistent grid correctly
-// but serially). 06d walks tiles persistently without a mask; with one, the tiles' work
-// differs (the grid lists the longest first: common/tile_order.h), and the hardware's
-// dynamic hand-out of CTAs balances it better than a fixed round-robin over SMs.
+// but serially). 06d and the FP8 path walk tiles persistently, handed out from a counter
+// (fa3_kernel.cuh: next_unit), which with a causal mask balances the tiles' differing work
+// as the hardware's hand-out of CTAs does, without a CTA start per tile.
 Schedule one_tile(const AttnProblem&) { return Schedule::one_tile_per_cta; }
-Schedule persistent_unless_causal(const AttnProblem& p) {
-  return p.causal ? Schedule::one_tile_per_cta : Schedule::persistent;
-}
+Schedule persistent(const AttnProblem&) { return Schedule::persistent; }
 Schedule cta_pairs_unless_causal(const AttnProblem& p) {
   return p.causal ? Schedule::one_tile_per_cta : Schedule::persistent_cta_pairs;
 }
@@ -68,6 +66,8 @@ Stage make_stage(std::string name, std::string prev, std::string summary) {
     if (ctas > INT_MAX) return "needs " + std::to_string(ctas) + " CTAs; the 1-D grid holds at most 2^31 - 1";
     return "";
   };
+  if (kSchedule != one_tile)  // the persistent schedule's unit counter (fa3_kernel.cuh: next_unit)
+    s.workspace_bytes = [](const AttnProblem&) { return sizeof(int); };
   s.launch = [](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
     kernel_for<V>(p)(p, t, kSchedule(p), stream, kEagerRescale ? -INFINITY : fa3::kRescaleLog2);
   };
@@ -99,7 +99,7 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   };
   s.workspace_bytes = [](const AttnProblem& p) { return fa3::Fp8Workspace(p).total; };
   s.launch = [opt](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-    fa3::fp8_launch_for(p.d)(p, t, opt, persistent_unless_causal(p), stream);
+    fa3::fp8_launch_for(p.d)(p, t, opt, persistent(p), stream);
   };
   // Attention kernel: FA2's traffic with e = 1 (e4m3 Q, K, V), plus one byte per element
   // of O (written as bf16); then the pre-kernel's reads and writes.
@@ -146,7 +146,7 @@ std::vector<Stage> fa3_stages() {
                                             "producer warpgroup + K/V ring; two consumer warpgroups (setmaxnreg)"),
       make_stage<Variant::pingpong>("06c_pingpong", "06b_warp_specialized",
                                     "named barriers: one consumer's softmax under the other's GEMMs"),
-      make_stage<Variant::fa3, persistent_unless_causal>(
+      make_stage<Variant::fa3, persistent>(
           "06d_fa3", "06c_pingpong",
           "intra-warpgroup overlap: next QK^T and this PV issued together; lazy rescaling; persistent CTAs"),
       // Ablations of 06d's schedule (same kernel): one tile per CTA, as 06a-c; persistent
@@ -156,7 +156,7 @@ std::vector<Stage> fa3_stages() {
       make_stage<Variant::fa3, cta_pairs_unless_causal>(
           "06d_cta_pairs", "06d_fa3", "06d in CTA pairs: each K/V block loaded once per pair of Q blocks (multicast)"),
       // Ablation of 06d's lazy rescaling: O_i rescaled after every block, as in FA3.
-      make_stage<Variant::fa3, persistent_unless_causal, /*kEagerRescale=*/true>(
+      make_stage<Variant::fa3, persistent, /*kEagerRescale=*/true>(
           "06d_eager_rescale", "06d_fa3", "06d rescaling O_i after every K/V block (no lazy rescaling), as FA3"),
       make_fp8_stage("06_fp8", "", "FP8 e4m3 (QGMMA): block quantization + Hadamard incoherent processing",
                      {/*block_scales=*/true, /*hadamard=*/true}),
