@@ -205,6 +205,7 @@ __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const Tu
   l[0] /= kPOffset;
   l[1] /= kPOffset;
   write_output<D, __nv_bfloat16>(O, m, l, t.bh, wg_row0, p);
+  timeline_mark(t.seq, Mark::output_done);
 }
 
 template <int D>

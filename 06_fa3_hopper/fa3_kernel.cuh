@@ -32,6 +32,16 @@ namespace attn::fa3 {
 
 using namespace attn::hopper;
 
+// Tile timeline: bench/tile_timeline.cu defines FA3_TIMELINE and a timeline_mark that
+// stamps the SM clock at each of these events of a tile; in every other build the marks
+// compile to nothing.
+enum class Mark { q_issued, q_ready, block0_done, loop_done, last_pv_done, output_done };
+#ifndef FA3_TIMELINE
+__device__ inline void timeline_mark(int /*tile seq*/, Mark) {}
+#else
+__device__ void timeline_mark(int seq, Mark mark);  // defined by the including tool
+#endif
+
 template <Variant V, int D, typename T>
 struct Config {
   static constexpr bool kWarpSpecialized = warp_specialized(V);
@@ -251,6 +261,7 @@ __device__ void produce_tiles(Smem& s, const Prm& p, LoadV&& load_v) {
     t.kv0 = kv;
     kv += t.n_blocks;
     if (leader) load_q<Cfg>(s, p, t);
+    timeline_mark(seq, Mark::q_issued);
     for (int j = 0; j < t.n_blocks; ++j) {
       const Slot<Cfg> slot(t.kv0 + j);
       mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
@@ -269,6 +280,7 @@ __device__ void consume_tiles(Smem& s, const Prm& p, Body&& body) {
     mbarrier_wait(&s.q_full, seq & 1);
     const int unit = __reduce_max_sync(0xffffffffu, s.unit);  // the same in every lane: warp-uniform
     if (unit >= p.n_units) return;
+    timeline_mark(seq, Mark::q_ready);
     Tile t = make_tile<Cfg>(p, unit);
     t.seq = seq;
     t.kv0 = kv;
@@ -601,6 +613,7 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
   if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, 0, wg_row0, p);
   blocks.softmax(S, m, l, alpha);  // O_i is still 0: nothing to rescale
   blocks.to_operand(S, P_op);
+  timeline_mark(t.seq, Mark::block0_done);
   for (int j = 1; j < t.n_blocks; ++j) {
     const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
     blocks.begin(j);
@@ -632,10 +645,12 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
   }
   // The last block's O_i += P V.
   const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);
+  timeline_mark(t.seq, Mark::loop_done);
   mbarrier_wait(&s.v_full[last.stage], last.phase);
   blocks.pv(O, P_op, last.stage);
   wgmma_wait<0>();
   pin_registers(O);
+  timeline_mark(t.seq, Mark::last_pv_done);
   release_kv<Cfg>(&s.v_empty[last.stage], p);
 }
 
@@ -714,6 +729,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
     overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
   }
   write_output<D, T>(O, m, l, t.bh, wg_row0, p);
+  timeline_mark(t.seq, Mark::output_done);
 }
 
 // The dynamic shared memory, aligned for the storage struct (TMA boxes want 128 B, the
