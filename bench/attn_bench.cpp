@@ -32,6 +32,8 @@ const char* kUsage = R"(usage: attn_bench [options]
   --dtype bf16,fp16   element types                              [default bf16]
   --repeats N         timed runs per row (median reported)       [default 20]
   --warm-seconds S    warm-up per row before timing, seconds      [default 0.3; the clock settles]
+  --timing MODE       flushed: each run alone after an L2 flush; isolated: alone, no flush;
+                      back-to-back: runs queued together          [default flushed]
   --check             fp64 reference check (full or 64 sampled rows per head)
   --measure-bytes     measured DRAM bytes through CUPTI (needs profiling permission)
   --no-ceilings       skip the copy-bandwidth and GEMM ceilings
@@ -115,6 +117,13 @@ Args parse(int argc, char** argv) {
       const std::string v = value();
       a.opt.warm_seconds = std::strtod(v.c_str(), &end);
       if (end == v.c_str() || *end != '\0' || a.opt.warm_seconds < 0) usage_error("--warm-seconds needs a number >= 0");
+    }
+    else if (f == "--timing") {
+      const std::string v = value();
+      if (v == "flushed") a.opt.timing = TimingMode::flushed;
+      else if (v == "isolated") a.opt.timing = TimingMode::isolated;
+      else if (v == "back-to-back") a.opt.timing = TimingMode::back_to_back;
+      else usage_error("--timing expects flushed, isolated or back-to-back");
     }
     else if (f == "--check") a.opt.check_ref = true;
     else if (f == "--measure-bytes") a.opt.measure_bytes = true;

@@ -99,7 +99,7 @@ std::vector<double> gather_lse(const RungOutput& out, const AttnProblem& p, cons
 // ---------------------------------------------------------------- timing and ceilings
 
 Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cudaStream_t stream, int warmup,
-                   int repeats, double max_seconds, double warm_seconds) {
+                   int repeats, double max_seconds, double warm_seconds, TimingMode mode) {
   const auto warm_start = std::chrono::steady_clock::now();
   for (int i = 0; i < warmup; ++i) launch();
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -107,13 +107,30 @@ Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cuda
     launch();
     CUDA_CHECK(cudaStreamSynchronize(stream));
   }
+  std::vector<double> ms;
+  if (mode == TimingMode::back_to_back) {
+    std::vector<cudaEvent_t> ev(repeats + 1);
+    for (cudaEvent_t& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+    CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    for (int i = 0; i < repeats; ++i) {
+      launch();
+      CUDA_CHECK(cudaEventRecord(ev[i + 1], stream));
+    }
+    CUDA_CHECK(cudaEventSynchronize(ev[repeats]));
+    CUDA_CHECK_LAUNCH();
+    for (int i = 0; i < repeats; ++i) {
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, ev[i], ev[i + 1]));
+      ms.push_back(t);
+    }
+    for (cudaEvent_t e : ev) CUDA_CHECK(cudaEventDestroy(e));
+  }
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> ms;
   double total = 0;
-  for (int i = 0; i < repeats; ++i) {
-    flusher.flush(stream);
+  for (int i = 0; mode != TimingMode::back_to_back && i < repeats; ++i) {
+    if (mode == TimingMode::flushed) flusher.flush(stream);
     CUDA_CHECK(cudaEventRecord(start, stream));
     launch();
     CUDA_CHECK(cudaEventRecord(stop, stream));
@@ -243,7 +260,7 @@ std::vector<Row> Harness::run_problem(const AttnProblem& p, const std::vector<co
     AttnTensors t = out.tensors(in);
     auto launch = [&] { s->launch(p, t, stream_); };
     r.t = time_launch(launch, *flusher_, stream_, opt_.warmup, opt_.repeats, opt_.max_seconds_per_rung,
-                      opt_.warm_seconds);
+                      opt_.warm_seconds, opt_.timing);
     r.tflops = r.model_flops / (r.t.median_ms * 1e-3) / 1e12;
     if (s->launch_softmax_only) {
       Timing sm = time_launch([&] { s->launch_softmax_only(p, t, stream_); }, *flusher_, stream_, opt_.warmup,

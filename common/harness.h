@@ -49,9 +49,17 @@ struct Timing {
   double median_ms = 0, min_ms = 0, max_ms = 0;
   int runs = 0;
 };
+// How the timed runs follow each other (attn_bench --timing; scripts/peers.py has the same).
+enum class TimingMode {
+  flushed,       // each run alone after an L2 flush (the default: every row starts from a cold L2)
+  isolated,      // each run alone, no flush (the L2 holds whatever the last run left)
+  back_to_back,  // the runs queued together, an event between each two (the GPU never idles)
+};
+
 // Warm-up (at least `warmup` launches and `warm_seconds` of back-to-back work), then
-// `repeats` runs each after an L2 flush, timed with CUDA events around the launch only. A
-// rung slower than max_seconds in total stops early (at least 3 runs).
+// `repeats` runs, by default each after an L2 flush (TimingMode), timed with CUDA events
+// around the launch only. A rung slower than max_seconds in total stops early (at least 3
+// runs; back_to_back runs all of them).
 //
 // Why seconds of warm-up: under a power cap the SM clock follows the load with a lag of
 // tenths of a second (on the H200 we measured 1980 MHz idle, 1650 MHz under 06d). Twenty
@@ -60,7 +68,8 @@ struct Timing {
 // depend on their order. After the warm-up every row runs at the clock its own kernel
 // sustains.
 Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cudaStream_t stream, int warmup,
-                   int repeats, double max_seconds, double warm_seconds = 0);
+                   int repeats, double max_seconds, double warm_seconds = 0,
+                   TimingMode mode = TimingMode::flushed);
 
 struct Ceilings {
   double copy_gbps = 0;     // device-to-device copy, bytes read + written per second / 1e9
@@ -83,6 +92,7 @@ struct HarnessOptions {
   int warmup = 3;
   double warm_seconds = 0.3;  // and at least this long (see time_launch)
   int repeats = 20;
+  TimingMode timing = TimingMode::flushed;
   double max_seconds_per_rung = 2.0;  // slow rungs (03b, 04 at large N) stop early, >= 3 runs
   bool check_ref = true;
   int ref_rows_per_head = 64;  // sampled rows when the full reference is too costly

@@ -97,6 +97,8 @@ def parse_args(argv):
     p.add_argument("--dtype", type=lambda s: parse_list(s, str), default=["bf16"], help="bf16,fp16")
     p.add_argument("--backends", type=lambda s: parse_list(s, str), default=list(BACKENDS), help="flash,cudnn,efficient,math")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--timing", choices=["flushed", "isolated", "back-to-back"], default="flushed",
+                   help="as attn_bench --timing: each call after an L2 flush, alone without one, or queued together")
     p.add_argument("--csv", type=pathlib.Path, help="append rows (header written if the file is new)")
     p.add_argument("--max-math-bytes", type=float, help="skip torch_math above this N^2 memory (default: free memory)")
     p.add_argument("--no-ceilings", action="store_true", help="leave the ceiling columns empty")
@@ -229,9 +231,11 @@ class L2Flush:
         self.buffer.sum()
 
 
-def time_call(call, repeats, flush):
+def time_call(call, repeats, flush, timing="flushed"):
     """Median, min, max of `repeats` event-timed calls, each after an L2 flush (ms); stops
-    after MAX_SECONDS in total once 3 runs are in, as the harness does."""
+    after MAX_SECONDS in total once 3 runs are in, as the harness does. timing="isolated":
+    no flush; "back-to-back": the calls queued together, an event between each two (the
+    Python call overhead must stay below the kernel's time for the GPU not to idle)."""
     warm_start = time.perf_counter()
     for _ in range(WARMUP):
         call()
@@ -240,9 +244,19 @@ def time_call(call, repeats, flush):
         call()
         torch.cuda.synchronize()
     times = []
+    if timing == "back-to-back":
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
+        events[0].record()
+        for e in events[1:]:
+            call()
+            e.record()
+        events[-1].synchronize()
+        times = [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+        return statistics.median(times), min(times), max(times)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(repeats):
-        flush()
+        if timing == "flushed":
+            flush()
         start.record()
         call()
         end.record()
@@ -331,7 +345,7 @@ def run_problem(args, flush, common, writer, dtype_name, B, H, Hkv, Nq, Nk, d, c
                 warnings.simplefilter("always")
                 o = call()
             torch.cuda.synchronize()
-            med, lo, hi = time_call(call, args.repeats, flush)
+            med, lo, hi = time_call(call, args.repeats, flush, args.timing)
         except (RuntimeError, ValueError, NotImplementedError) as e:  # the backend refuses the shape
             print(f"[peers] skip {rung} {shape}: {refusal_reason(e, why)}", flush=True)
             torch.cuda.empty_cache()
