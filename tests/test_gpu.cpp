@@ -301,41 +301,44 @@ TEST_F(Gpu, RepeatedRunsAreBitIdentical) {
       }
 }
 
-// 06d walks several tiles per CTA without a mask (Schedule::persistent); its ablations run
-// the same kernel in clusters of two CTAs sharing K/V loads (06d_cta_pairs,
-// Schedule::persistent_cta_pairs) and with one tile per CTA (06d_one_tile_per_cta). Each
-// tile's arithmetic is the same in all three, so the outputs must agree bit for bit, and
-// match fp64. The shapes have several times more tiles than an H100/H200 has SMs, ragged
-// ends and GQA; Nq = 300 and 400 give heads an odd number of Q blocks (d = 128 / 256 and
-// d = 64), where the last pair's second CTA computes rows past Nq and must write none.
+// 06d walks several tiles per CTA (Schedule::persistent: fixed rounds without a mask, tiles
+// handed out from a counter with one); its ablations run the same kernel in clusters of two
+// CTAs sharing K/V loads (06d_cta_pairs, Schedule::persistent_cta_pairs; one tile per CTA
+// with a mask) and with one tile per CTA (06d_one_tile_per_cta). Each tile's arithmetic is
+// the same in all three, so the outputs must agree bit for bit, and match fp64. The shapes
+// have several times more tiles than an H100/H200 has SMs, ragged ends and GQA; Nq = 300 and
+// 400 give heads an odd number of Q blocks (d = 128 / 256 and d = 64), where the last pair's
+// second CTA computes rows past Nq and must write none.
 TEST_F(Gpu, PersistentCtasMatchOneTilePerCta) {
   const Stage& pairs = find_stage("06d_cta_pairs");
   const Stage& persistent = find_stage("06d_fa3");
   const Stage& one_tile = find_stage("06d_one_tile_per_cta");
-  for (int d : pairs.head_dims)
-    for (DType t : pairs.dtypes)
-      for (auto [Nq, Nk] : {std::pair{700, 700}, std::pair{700, 333}, std::pair{250, 1100}, std::pair{300, 500},
-                            std::pair{400, 777}}) {
-        AttnProblem p;
-        p.B = 3;
-        p.H = 20;
-        p.Hkv = 5;
-        p.Nq = Nq;
-        p.Nk = Nk;
-        p.d = d;
-        p.dtype = t;
-        if (!runs_here(pairs, p)) continue;
-        SCOPED_TRACE(p.describe());
-        ProblemInputs in(p, 61 + d + Nk, Fill::normal, 0, 1, stream_, true);
-        RungOutput a = run_rung(pairs, in, stream_), b = run_rung(one_tile, in, stream_);
-        const std::vector<unsigned char> hb = device_bytes(b.o);
-        EXPECT_TRUE(device_bytes(a.o) == hb) << "CTA pairs and one-tile-per-CTA outputs differ";
-        if (runs_here(persistent, p))
-          EXPECT_TRUE(device_bytes(run_rung(persistent, in, stream_).o) == hb)
-              << "persistent and one-tile-per-CTA outputs differ";
-        std::vector<RowIndex> rows = sampled_rows(p, 64);
-        expect_matches_reference(pairs, std::move(a), in, rows, reference_rows(p, in.host, rows), stream_);
-      }
+  for (bool causal : {false, true})
+    for (int d : pairs.head_dims)
+      for (DType t : pairs.dtypes)
+        for (auto [Nq, Nk] : {std::pair{700, 700}, std::pair{700, 333}, std::pair{250, 1100}, std::pair{300, 500},
+                              std::pair{400, 777}}) {
+          AttnProblem p;
+          p.causal = causal;
+          p.B = 3;
+          p.H = 20;
+          p.Hkv = 5;
+          p.Nq = Nq;
+          p.Nk = Nk;
+          p.d = d;
+          p.dtype = t;
+          if (!runs_here(pairs, p)) continue;
+          SCOPED_TRACE(p.describe());
+          ProblemInputs in(p, 61 + d + Nk, Fill::normal, 0, 1, stream_, true);
+          RungOutput a = run_rung(pairs, in, stream_), b = run_rung(one_tile, in, stream_);
+          const std::vector<unsigned char> hb = device_bytes(b.o);
+          EXPECT_TRUE(device_bytes(a.o) == hb) << "CTA pairs and one-tile-per-CTA outputs differ";
+          if (runs_here(persistent, p))
+            EXPECT_TRUE(device_bytes(run_rung(persistent, in, stream_).o) == hb)
+                << "persistent and one-tile-per-CTA outputs differ";
+          std::vector<RowIndex> rows = sampled_rows(p, 64);
+          expect_matches_reference(pairs, std::move(a), in, rows, reference_rows(p, in.host, rows), stream_);
+        }
 }
 
 TEST_F(Gpu, LongSequenceRunsWithoutQuadraticMemory) {
@@ -397,21 +400,23 @@ TEST_F(Gpu, SanitizeSmallShapes) {
 // Every head dim: each has its own tiles (B_r, B_c, consumer warpgroups, swizzles).
 TEST_F(Gpu, SanitizeManyTilesPerCta) {
   for (const Stage& s : registry())
-    for (int d : s.head_dims) {
-      AttnProblem p;
-      p.B = 2;
-      p.H = 100;
-      p.Hkv = 20;
-      p.Nq = 130;
-      p.Nk = 300;
-      p.d = d;
-      p.dtype = s.dtypes.front();
-      if (s.min_sm < 90 || !runs_here(s, p)) continue;  // the Hopper rungs: their CTAs may walk several tiles
-      SCOPED_TRACE(s.name + " " + p.describe());
-      ProblemInputs in(p, 43, Fill::normal, 0, 1, stream_, true);
-      std::vector<RowIndex> rows = sampled_rows(p, 32);
-      expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
-    }
+    for (int d : s.head_dims)
+      for (bool causal : {false, true}) {  // with a mask, 06d and FP8 hand tiles out from a counter
+        AttnProblem p;
+        p.causal = causal;
+        p.B = 2;
+        p.H = 100;
+        p.Hkv = 20;
+        p.Nq = 130;
+        p.Nk = 300;
+        p.d = d;
+        p.dtype = s.dtypes.front();
+        if (s.min_sm < 90 || !runs_here(s, p)) continue;  // the Hopper rungs: their CTAs may walk several tiles
+        SCOPED_TRACE(s.name + " " + p.describe());
+        ProblemInputs in(p, 43, Fill::normal, 0, 1, stream_, true);
+        std::vector<RowIndex> rows = sampled_rows(p, 32);
+        expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
+      }
 }
 
 // ---------------------------------------------------------------- measured HBM bytes
