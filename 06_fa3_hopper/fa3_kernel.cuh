@@ -235,12 +235,12 @@ __device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, 
 }
 
 // The producer (one warp; 06b-d and the FP8 kernel; its lane 0 issues every copy), tile
-// after tile: Q_i once the
-// consumers are done with the last tile's, then K_j and V_j into the ring, each stage reused
-// once every consumer warp released it ("empty" barriers; on the first lap they pass at
-// once). The unit of each tile goes to the consumers in shared memory, announced by Q_i's
-// "full" barrier (its arrival releases the write; their wait acquires it), which after the
-// last unit completes with no copy: the consumers' signal to stop (consume_tiles).
+// after tile: Q_i once the consumers are done with the last tile's, then K_j and V_j into
+// the ring, each stage reused once every consumer warp released it ("empty" barriers; on
+// the first lap they pass at once). The unit of each tile goes to the consumers in shared
+// memory, announced by Q_i's "full" barrier (its arrival releases the write; their wait
+// acquires it), which after the last unit completes with no copy: the consumers' signal to
+// stop (consume_tiles).
 // `load_v(t, stage, j)` copies V_j (the FP8 path: V̂_jᵀ) and completes on v_full[stage].
 template <class Cfg, class Smem, class Prm, class LoadV>
 __device__ void produce_tiles(Smem& s, const Prm& p, LoadV&& load_v) {
@@ -488,8 +488,8 @@ __device__ inline void quad_transpose(uint32_t (&a)[4]) {
 // In the accumulator layout a lane holds 2 columns of every 8 (Fragment), so storing it
 // as it is takes d/8 four-byte stores per row, each warp store touching 8 rows with 16
 // bytes apiece: the L1 splits it into 8 half-used sectors, and at the end of every tile
-// the warps queue behind their own stores (measured on an H100 at d = 128: 1.4-2.3 us of a
-// 54 us tile, with no GEMM running under it). Instead the four lanes of a row swap words
+// the warps queue behind their own stores (measured on an H100 at d = 128: 1.0-2.7 us of a
+// 54 us tile, with no GEMM running under it; bench/tile_timeline). Instead the four lanes of a row swap words
 // (quad_transpose) until each holds 8 consecutive columns of one 8-column group, and
 // stores them with one 16-byte store: a quarter of the instructions, whole sectors.
 constexpr float kLn2 = 0.693147180559945f;
