@@ -157,18 +157,24 @@ __device__ Tile make_tile(const Prm& p, int unit) {
   return t;
 }
 
+// The CTA's seq-th tile, unit `unit`: its K/V blocks follow the `kv` blocks of the CTA's
+// earlier tiles in the ring (kv advances past them). Every side that walks the CTA's tiles
+// counts them this way, so all agree on each block's ring slot and each tile's Q phase.
+template <class Cfg, class Prm>
+__device__ Tile tile_in_sequence(const Prm& p, int unit, int seq, int& kv) {
+  Tile t = make_tile<Cfg>(p, unit);
+  t.seq = seq;
+  t.kv0 = kv;
+  kv += t.n_blocks;
+  return t;
+}
+
 // The units of a CTA that does its own loads (06a, one tile per CTA): blockIdx.x,
 // blockIdx.x + gridDim.x, ...
 template <class Cfg, class Prm, class Body>
 __device__ void for_each_tile(const Prm& p, Body&& body) {
   int seq = 0, kv = 0;
-  for (int unit = blockIdx.x; unit < p.n_units; unit += gridDim.x) {
-    Tile t = make_tile<Cfg>(p, unit);
-    t.seq = seq++;
-    t.kv0 = kv;
-    kv += t.n_blocks;
-    body(t);
-  }
+  for (int unit = blockIdx.x; unit < p.n_units; unit += gridDim.x, ++seq) body(tile_in_sequence<Cfg>(p, unit, seq, kv));
 }
 
 // The seq-th unit of a warp-specialized CTA. The first is the CTA's own index (per cluster
@@ -256,10 +262,7 @@ __device__ void produce_tiles(Smem& s, const Prm& p, LoadV&& load_v) {
       if (leader) mbarrier_arrive(&s.q_full);
       return;
     }
-    Tile t = make_tile<Cfg>(p, unit);
-    t.seq = seq;
-    t.kv0 = kv;
-    kv += t.n_blocks;
+    const Tile t = tile_in_sequence<Cfg>(p, unit, seq, kv);
     if (leader) load_q<Cfg>(s, p, t);
     timeline_mark(seq, Mark::q_issued);
     for (int j = 0; j < t.n_blocks; ++j) {
@@ -281,11 +284,7 @@ __device__ void consume_tiles(Smem& s, const Prm& p, Body&& body) {
     const int unit = __reduce_max_sync(0xffffffffu, s.unit);  // the same in every lane: warp-uniform
     if (unit >= p.n_units) return;
     timeline_mark(seq, Mark::q_ready);
-    Tile t = make_tile<Cfg>(p, unit);
-    t.seq = seq;
-    t.kv0 = kv;
-    kv += t.n_blocks;
-    body(t);
+    body(tile_in_sequence<Cfg>(p, unit, seq, kv));
   }
 }
 
@@ -547,12 +546,9 @@ struct TurnTaking {
   }
 };
 
-// A consumer warp is done with a ring stage or with Q_i (06b-d): one arrival per warp.
-__device__ inline void release(uint64_t* empty) {
-  if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
-}
-// ... with a K/V ring stage, which under CTA pairs the peer's producer also fills: its
-// "empty" barrier hears from this CTA's warps too.
+// A consumer warp is done with a K/V ring stage (06b-d): one arrival per warp. Under CTA
+// pairs the peer's producer also fills the stage, so its "empty" barrier hears from this
+// CTA's warps too.
 template <class Cfg, class Prm>
 __device__ inline void release_kv(uint64_t* empty, const Prm& p) {
   if (threadIdx.x % 32 == 0) {
@@ -766,7 +762,7 @@ __device__ inline void init_barriers(Smem& s, bool cta_pairs = false) {
 // ---------------------------------------------------------------------------------------
 
 // A warp-specialized CTA (06b-d and the FP8 kernel): warpgroup 0 gives registers back and
-// one of its threads issues every copy, tile by tile (produce_tiles); the consumer
+// its first warp issues every copy, tile by tile (produce_tiles); the consumer
 // warpgroups take the registers and compute each tile, taking turns that run on from one
 // tile to the next.
 template <class Cfg, class Smem, class Prm, class LoadV, class Consume>

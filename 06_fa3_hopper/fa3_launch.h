@@ -52,9 +52,10 @@ constexpr float kRescaleLog2 = 8.f;
 enum class Schedule {
   one_tile_per_cta,  // grid = all tiles; the hardware starts a new CTA whenever one retires
   persistent,        // grid = as many CTAs as fit at once (one per SM here); CTA b starts on
-                     // tile b, then takes the next tile not yet taken (a counter in the
-                     // workspace): the producer loads the next tile's Q, K, V while the
-                     // consumers finish the current one, and no CTA starts per tile
+                     // tile b, then takes b + G, b + 2G, ... (G CTAs) or, with a causal
+                     // mask, the next tile not yet taken (a counter in the workspace): the
+                     // producer loads the next tile's Q, K, V while the consumers finish
+                     // the current one, and no CTA starts per tile
   persistent_cta_pairs,  // persistent, in clusters of two CTAs that take neighbouring Q blocks
                          // of one head (pair u, u + G, ...): each loads half of every K/V block into both (TMA
                          // multicast), halving L2 -> shared-memory traffic. Without a causal

@@ -12,7 +12,6 @@
 #include "06_fa3_hopper/fa3_kernel.cuh"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "common/device_buffer.h"
+#include "common/harness.h"
 
 namespace attn::fa3 {
 
@@ -70,29 +70,19 @@ int run(int N, int d) {
   auto launch = [&] {
     fa3::launch<fa3::Variant::fa3, 128, __nv_bfloat16>(p, t, fa3::Schedule::persistent, nullptr, fa3::kRescaleLog2);
   };
-  // Warm up for 0.3 s, as attn_bench does (common/harness.h): under the power cap the SM
-  // clock settles over tenths of a second, and a launch timed before that runs faster than
-  // the kernel sustains. The last launch's marks are read.
-  const auto warm_start = std::chrono::steady_clock::now();
-  do {
-    for (int i = 0; i < 10; ++i) launch();
-    CUDA_CHECK(cudaDeviceSynchronize());
-  } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count() < 0.3);
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  CUDA_CHECK(cudaEventRecord(e0));
-  launch();
-  CUDA_CHECK(cudaEventRecord(e1));
-  CUDA_CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  // attn_bench's protocol (common/harness.h: time_launch): 0.3 s of warm-up, under the
+  // power cap the SM clock settles over tenths of a second; then one run after an L2
+  // flush, whose marks are the ones read below.
+  HarnessOptions opt;
+  L2Flusher flusher;
+  const double ms = time_launch(launch, flusher, nullptr, opt.warmup, /*repeats=*/1, opt.max_seconds_per_rung,
+                                opt.warm_seconds, TimingMode::flushed)
+                        .median_ms;
 
   using Cfg = fa3::Config<fa3::Variant::fa3, 128, __nv_bfloat16>;
-  int sms = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int m_blocks = (N + Cfg::B_r - 1) / Cfg::B_r, tiles = m_blocks * p.B * p.H;
-  const int ctas = std::min(std::min(tiles, sms), fa3::kMaxCtas);
+  const int ctas = int(fa3::grid_size(tiles, fa3::Schedule::persistent, /*ctas_per_sm=*/1));  // as the launch
+  if (ctas > fa3::kMaxCtas) throw AttnError("more CTAs than the marks hold");
   const int n_blocks = (N + Cfg::B_c - 1) / Cfg::B_c;
   std::vector<long long> stamps(sizeof(fa3::g_marks) / sizeof(long long));
   CUDA_CHECK(cudaMemcpyFromSymbol(stamps.data(), fa3::g_marks, sizeof(fa3::g_marks)));
@@ -129,7 +119,7 @@ int run(int N, int d) {
       }
   std::printf("06d d = %d, N = %d (B = %d, H = %d), no mask: %d tiles of %d K/V blocks (B_c = %d) on %d CTAs\n", d, N,
               p.B, p.H, tiles, n_blocks, Cfg::B_c, ctas);
-  std::printf("kernel %.3f ms (one launch, after 0.3 s of them); SM clock ~%.0f MHz (CTA 0's cycles over that time)\n", ms,
+  std::printf("kernel %.3f ms (one launch after an L2 flush, after 0.3 s of launches); SM clock ~%.0f MHz (CTA 0's cycles over that time)\n", ms,
               cyc_per_us);
   std::printf("medians over every consumer warpgroup's tiles:\n");
   for (int i = 0; i < kPhases; ++i)

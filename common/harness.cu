@@ -124,26 +124,27 @@ Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cuda
       ms.push_back(t);
     }
     for (cudaEvent_t e : ev) CUDA_CHECK(cudaEventDestroy(e));
+  } else {  // each run alone
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    double total = 0;
+    for (int i = 0; i < repeats; ++i) {
+      if (mode == TimingMode::flushed) flusher.flush(stream);
+      CUDA_CHECK(cudaEventRecord(start, stream));
+      launch();
+      CUDA_CHECK(cudaEventRecord(stop, stream));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      CUDA_CHECK_LAUNCH();
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+      ms.push_back(t);
+      total += t * 1e-3;
+      if (total > max_seconds && ms.size() >= 3) break;
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
   }
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  double total = 0;
-  for (int i = 0; mode != TimingMode::back_to_back && i < repeats; ++i) {
-    if (mode == TimingMode::flushed) flusher.flush(stream);
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    launch();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    CUDA_CHECK_LAUNCH();
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-    total += t * 1e-3;
-    if (total > max_seconds && ms.size() >= 3) break;
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(ms.begin(), ms.end());
   Timing t;
   t.runs = int(ms.size());
