@@ -129,18 +129,24 @@ inline double fp8_quantize_bytes(const AttnProblem& p, const Fp8Options& opt) {
 }
 
 // One instantiation per head dim in kFp8HeadDims: fa3_fp8.cu.in. launch_fp8 is the whole
-// Stage launch; launch_fp8_quantize only its pre-kernel (bench/fp8_accuracy --time).
+// Stage launch: launch_fp8_quantize (the pre-kernel) then launch_fp8_attention (the
+// attention kernel on the workspace the pre-kernel filled); bench/fp8_accuracy --time
+// times the two apart.
 template <int D>
 void launch_fp8(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, Schedule schedule,
                 cudaStream_t stream);
 template <int D>
 void launch_fp8_quantize(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, cudaStream_t stream);
+template <int D>
+void launch_fp8_attention(const AttnProblem& p, const AttnTensors& t, Schedule schedule, cudaStream_t stream);
 
 // The instance for head dim d (one of kFp8HeadDims; the Stage validated d before); any
 // other d throws. Defined in stages.cu, so that a kernel TU instantiates only its own d.
 using Fp8LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t);
 using Fp8QuantizeFn = void (*)(const AttnProblem&, const AttnTensors&, const Fp8Options&, cudaStream_t);
+using Fp8AttentionFn = void (*)(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t);
 Fp8LaunchFn fp8_launch_for(int d);
 Fp8QuantizeFn fp8_quantize_for(int d);
+Fp8AttentionFn fp8_attention_for(int d);
 
 }  // namespace attn::fa3

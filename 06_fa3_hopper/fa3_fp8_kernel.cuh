@@ -227,20 +227,12 @@ void launch_fp8_quantize(const AttnProblem& p, const AttnTensors& t, const Fp8Op
 }
 
 template <int D>
-void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Options& opt, Schedule schedule,
-                cudaStream_t stream) {
+void launch_fp8_attention(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule, cudaStream_t stream) {
   using Cfg = Fp8Config<D>;
   constexpr size_t kSmemBytes = sizeof(Fp8SharedStorage<D>) + alignof(Fp8SharedStorage<D>);
   const int ctas_per_sm = configure_kernel<fa3_fp8_forward<D>>(Cfg::kThreads, kSmemBytes);
 
-  for (const void* ptr : {tensors.q, tensors.k, tensors.v, static_cast<const void*>(tensors.o),
-                          static_cast<const void*>(tensors.workspace)})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-      throw AttnError("06_fa3_hopper fp8: Q, K, V, O and the workspace must be 16-byte aligned");
-
   const Fp8Workspace ws(pr);
-  quantize_inputs<D>(pr, tensors, opt, ws, stream);
-
   char* base = static_cast<char*>(tensors.workspace);
   constexpr CUtensorMapDataType kType = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // e4m3 bytes
   constexpr int kE4m3Bytes = 1;
@@ -263,6 +255,17 @@ void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Opti
   p.unit_counter = unit_counter(tensors, ws.unit_counter, schedule, pr.causal, stream);
   fa3_fp8_forward<D><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Options& opt, Schedule schedule,
+                cudaStream_t stream) {
+  for (const void* ptr : {tensors.q, tensors.k, tensors.v, static_cast<const void*>(tensors.o),
+                          static_cast<const void*>(tensors.workspace)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      throw AttnError("06_fa3_hopper fp8: Q, K, V, O and the workspace must be 16-byte aligned");
+  quantize_inputs<D>(pr, tensors, opt, Fp8Workspace(pr), stream);
+  launch_fp8_attention<D>(pr, tensors, schedule, stream);
 }
 
 }  // namespace attn::fa3

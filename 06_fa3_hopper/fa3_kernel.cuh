@@ -34,13 +34,20 @@ using namespace attn::hopper;
 
 // Tile timeline: bench/tile_timeline.cu defines FA3_TIMELINE and a timeline_mark that
 // stamps the SM clock at each of these events of a tile; in every other build the marks
-// compile to nothing.
-enum class Mark { q_issued, q_ready, block0_done, loop_done, last_pv_done, output_done };
+// compile to nothing. The first six are once per tile; the rest inside the loop over K/V
+// blocks, for one block per tile (the middle one: timeline_mark_block).
+enum class Mark {
+  q_issued, q_ready, block0_done, loop_done, last_pv_done, output_done,
+  block_begin, gemms_issued, s_landed, pv_landed, block_end
+};
 #ifndef FA3_TIMELINE
 __device__ inline void timeline_mark(int /*tile seq*/, Mark) {}
 #else
 __device__ void timeline_mark(int seq, Mark mark);  // defined by the including tool
 #endif
+__device__ inline void timeline_mark_block(int seq, int j, int n_blocks, Mark mark) {
+  if (j == n_blocks / 2) timeline_mark(seq, mark);
+}
 
 template <Variant V, int D, typename T>
 struct Config {
@@ -612,6 +619,7 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
   timeline_mark(t.seq, Mark::block0_done);
   for (int j = 1; j < t.n_blocks; ++j) {
     const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_begin);
     blocks.begin(j);
     // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1), meant to run during the softmax
     // below (the P V only where the fence holds it there: kSoftmaxUnderPv).
@@ -621,8 +629,10 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     mbarrier_wait(&s.v_full[prev.stage], prev.phase);
     blocks.pv(O, P_op, prev.stage);
     turn.pass_turn();
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::gemms_issued);
     wgmma_wait<1>();  // S_ij has landed; the P V is still running
     pin_registers(S);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::s_landed);
     release_kv<Cfg>(&s.k_empty[cur.stage], p);
     release_q_after<Cfg>(s, t, j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
@@ -632,12 +642,14 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     if constexpr (Cfg::kSoftmaxUnderPv) fence_schedule_after(l[0] + l[1]);
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
     pin_registers(O);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::pv_landed);
     release_kv<Cfg>(&s.v_empty[prev.stage], p);
     if (rescale_o) {
       blocks.to_units(alpha);
       rescale<D>(O, alpha);
     }
     blocks.to_operand(S, P_op);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_end);
   }
   // The last block's O_i += P V.
   const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);

@@ -136,6 +136,11 @@ Fp8QuantizeFn fp8_quantize_for(int d) {
   return fp8_instance<Fp8QuantizeFn>(d, launch_fp8_quantize<64>, launch_fp8_quantize<128>, launch_fp8_quantize<256>);
 }
 
+Fp8AttentionFn fp8_attention_for(int d) {
+  return fp8_instance<Fp8AttentionFn>(d, launch_fp8_attention<64>, launch_fp8_attention<128>,
+                                      launch_fp8_attention<256>);
+}
+
 }  // namespace fa3
 
 std::vector<Stage> fa3_stages() {

@@ -1,14 +1,23 @@
-// Where a persistent 06d CTA spends its time, tile by tile: 06d's d = 128 bf16 kernel built
-// with FA3_TIMELINE, so that thread 0 of each warpgroup stamps the SM clock (clock64) at the
-// events of fa3_kernel.cuh's Mark; then the medians over every CTA's tiles.
+// Where a persistent 06d CTA spends its time, tile by tile: 06d's d = 128 kernel (bf16, or
+// with --fp8 the FP8 attention kernel) built with FA3_TIMELINE, so that thread 0 of each
+// warpgroup stamps the SM clock (clock64) at the events of fa3_kernel.cuh's Mark; then the
+// medians over every CTA's tiles, and, for the middle K/V block of each tile, where the
+// block's time goes (the steps of overlapped_blocks). A clock read is not a scheduling
+// fence, so the steps are named in the order the SASS has them: at d = 128 ptxas moves
+// the P V's wait above the softmax and leaves the mark written after the wait below the
+// softmax, so "P V lands, softmax" is one step (cuobjdump -sass build/bench/tile_timeline:
+// the CS2R ... SR_CLOCKLO). A mark between the softmax and the wait would hold the
+// softmax there (measured: that order is another kernel), so there is none.
 //
-//   build/bench/tile_timeline [--n 4096] [--d 128]      (B = 16384 / N, H = 2048 / d, no mask,
-//                                                        N(0,1) inputs)
+//   build/bench/tile_timeline [--n 4096] [--fp8]      (B = 16384 / N, H = 16, d = 128, no
+//                                                     mask, N(0,1) inputs)
 //
 // The kernel is compiled here, not taken from the library (whose build has no marks), and
-// runs the same launch path as the 06d Stage (fa3::launch, Schedule::persistent). The marks
-// cost a few instructions and stores per tile: compare its time with attn_bench's 06d row.
+// runs the same launch path as the 06d and 06_fp8 Stages (Schedule::persistent; for FP8 the
+// attention kernel alone, after one run of the pre-kernel). The marks cost a few
+// instructions and stores per tile: compare its time with attn_bench's row.
 #define FA3_TIMELINE
+#include "06_fa3_hopper/fa3_fp8_kernel.cuh"
 #include "06_fa3_hopper/fa3_kernel.cuh"
 
 #include <algorithm>
@@ -23,7 +32,7 @@
 
 namespace attn::fa3 {
 
-constexpr int kMaxCtas = 1024, kMaxSeq = 64, kRoles = 4, kMarks = 6;  // roles: producer, consumers 1..3
+constexpr int kMaxCtas = 1024, kMaxSeq = 64, kRoles = 4, kMarks = 11;  // roles: producer, consumers 1..3
 __device__ long long g_marks[kMaxCtas][kMaxSeq][kRoles][kMarks];
 
 __device__ void timeline_mark(int seq, Mark m) {
@@ -34,6 +43,8 @@ __device__ void timeline_mark(int seq, Mark m) {
 
 template void launch<Variant::fa3, 128, __nv_bfloat16>(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t,
                                                         float);
+template void launch_fp8_quantize<128>(const AttnProblem&, const AttnTensors&, const Fp8Options&, cudaStream_t);
+template void launch_fp8_attention<128>(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t);
 
 }  // namespace attn::fa3
 
@@ -47,29 +58,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int run(int N, int d) {
-  if (d != 128) throw AttnError("only d = 128 is built (add an instantiation for others)");
-  if (N < 128 || N > 16384) throw AttnError("N must be in [128, 16384] (B = 16384 / N)");
-  AttnProblem p;
-  p.d = d;
-  p.Nq = p.Nk = N;
-  p.B = std::max(1, 16384 / N);
-  p.H = p.Hkv = 2048 / d;
-  DeviceBuffer q(p.q_elems() * 2), k(p.kv_elems() * 2), v(p.kv_elems() * 2), o(p.o_elems() * 2),
-      ws(sizeof(int));
-  fill_random(q.get(), p.q_elems(), DType::bf16, 1, Fill::normal, 0, 1, nullptr);  // N(0,1), as attn_bench
-  fill_random(k.get(), p.kv_elems(), DType::bf16, 2, Fill::normal, 0, 1, nullptr);
-  fill_random(v.get(), p.kv_elems(), DType::bf16, 3, Fill::normal, 0, 1, nullptr);
-  AttnTensors t;
-  t.q = q.get();
-  t.k = k.get();
-  t.v = v.get();
-  t.o = o.get();
-  t.workspace = ws.get();
-  t.workspace_bytes = ws.bytes();
-  auto launch = [&] {
-    fa3::launch<fa3::Variant::fa3, 128, __nv_bfloat16>(p, t, fa3::Schedule::persistent, nullptr, fa3::kRescaleLog2);
-  };
+// The timeline of one kernel: Cfg its tile configuration, `launch` one launch of it.
+template <class Cfg, class Launch>
+int report(const char* name, const AttnProblem& p, Launch&& launch) {
   // attn_bench's protocol (common/harness.h: time_launch): 0.3 s of warm-up, under the
   // power cap the SM clock settles over tenths of a second; then one run after an L2
   // flush, whose marks are the ones read below.
@@ -79,8 +70,7 @@ int run(int N, int d) {
                                 opt.warm_seconds, TimingMode::flushed)
                         .median_ms;
 
-  using Cfg = fa3::Config<fa3::Variant::fa3, 128, __nv_bfloat16>;
-  const int m_blocks = (N + Cfg::B_r - 1) / Cfg::B_r, tiles = m_blocks * p.B * p.H;
+  const int N = p.Nq, m_blocks = (N + Cfg::B_r - 1) / Cfg::B_r, tiles = m_blocks * p.B * p.H;
   const int ctas = int(fa3::grid_size(tiles, fa3::Schedule::persistent, /*ctas_per_sm=*/1));  // as the launch
   if (ctas > fa3::kMaxCtas) throw AttnError("more CTAs than the marks hold");
   const int n_blocks = (N + Cfg::B_c - 1) / Cfg::B_c;
@@ -98,53 +88,107 @@ int run(int N, int d) {
   const double span = mark(0, seqs0 - 1, 1, M::output_done) - mark(0, 0, 0, M::q_issued);
   const double cyc_per_us = span / (ms * 1e3);
 
-  enum { kQWait, kBlock0, kBlock, kLastPv, kOutput, kTile, kPhases };
-  const char* names[kPhases] = {"end of last tile -> Q_i ready", "block 0 (Q K_0^T, softmax)",
-                                "each of blocks 1 .. n-1",        "last P V",
-                                "epilogue (O / l, stores)",       "whole tile"};
-  std::vector<double> ph[kPhases];
-  for (int c = 0; c < ctas; ++c)
+  // Per tile, then inside its middle K/V block (overlapped_blocks, in program order).
+  struct Phase {
+    const char* name;
+    M from, to;
+    bool previous_tile;  // `from` is the previous tile's mark
+  };
+  const Phase tile_phases[] = {
+      {"end of last tile -> Q_i ready", M::output_done, M::q_ready, true},
+      {"block 0 (Q K_0^T, softmax)", M::q_ready, M::block0_done, false},
+      {"last P V", M::loop_done, M::last_pv_done, false},
+      {"epilogue (O / l, stores)", M::last_pv_done, M::output_done, false},
+      {"whole tile", M::output_done, M::output_done, true},
+  };
+  const Phase block_phases[] = {
+      {"K_j, the turn; issue S_ij and P V_j-1", M::block_begin, M::gemms_issued, false},
+      {"S_ij = Q_i K_j^T lands", M::gemms_issued, M::s_landed, false},
+      {"P V_j-1 lands, softmax of S_ij", M::s_landed, M::pv_landed, false},
+      {"rescale O_i, P_ij -> operand", M::pv_landed, M::block_end, false},
+      {"the whole block", M::block_begin, M::block_end, false},
+  };
+  auto medians = [&](const Phase& ph) {
+    std::vector<double> v;
+    for (int c = 0; c < ctas; ++c)
+      for (int seq = 0; seq < fa3::kMaxSeq && c + seq * ctas < tiles; ++seq)
+        for (int role = 1; role <= Cfg::kConsumers; ++role)
+          if (!ph.previous_tile || seq > 0)
+            v.push_back(mark(c, seq, role, ph.to) - mark(c, seq - (ph.previous_tile ? 1 : 0), role, ph.from));
+    return median(v);
+  };
+  std::vector<double> steady;  // cycles per block, blocks 1 .. n-1
+  for (int c = 0; c < ctas && n_blocks > 1; ++c)
     for (int seq = 0; seq < fa3::kMaxSeq && c + seq * ctas < tiles; ++seq)
-      for (int role = 1; role <= Cfg::kConsumers; ++role) {
-        auto at = [&](M m) { return mark(c, seq, role, m); };
-        if (seq > 0) {
-          const double prev_out = mark(c, seq - 1, role, M::output_done);
-          ph[kQWait].push_back(at(M::q_ready) - prev_out);
-          ph[kTile].push_back(at(M::output_done) - prev_out);
-        }
-        ph[kBlock0].push_back(at(M::block0_done) - at(M::q_ready));
-        if (n_blocks > 1) ph[kBlock].push_back((at(M::loop_done) - at(M::block0_done)) / (n_blocks - 1));
-        ph[kLastPv].push_back(at(M::last_pv_done) - at(M::loop_done));
-        ph[kOutput].push_back(at(M::output_done) - at(M::last_pv_done));
-      }
-  std::printf("06d d = %d, N = %d (B = %d, H = %d), no mask: %d tiles of %d K/V blocks (B_c = %d) on %d CTAs\n", d, N,
-              p.B, p.H, tiles, n_blocks, Cfg::B_c, ctas);
-  std::printf("kernel %.3f ms (one launch after an L2 flush, after 0.3 s of launches); SM clock ~%.0f MHz (CTA 0's cycles over that time)\n", ms,
-              cyc_per_us);
+      for (int role = 1; role <= Cfg::kConsumers; ++role)
+        steady.push_back((mark(c, seq, role, M::loop_done) - mark(c, seq, role, M::block0_done)) / (n_blocks - 1));
+
+  std::printf("%s d = %d, N = %d (B = %d, H = %d), no mask: %d tiles of %d K/V blocks (B_c = %d) on %d CTAs\n", name,
+              p.d, N, p.B, p.H, tiles, n_blocks, Cfg::B_c, ctas);
+  std::printf("kernel %.3f ms (one launch after an L2 flush, after 0.3 s of launches); SM clock ~%.0f MHz (CTA 0's "
+              "cycles over that time)\n",
+              ms, cyc_per_us);
   std::printf("medians over every consumer warpgroup's tiles:\n");
-  for (int i = 0; i < kPhases; ++i)
-    std::printf("  %-32s %8.2f us  (%.0f cycles)\n", names[i], median(ph[i]) / cyc_per_us, median(ph[i]));
-  const double blocks_us = n_blocks * median(ph[kBlock]) / cyc_per_us, tile_us = median(ph[kTile]) / cyc_per_us;
+  auto line = [&](const char* what, double cycles) {
+    std::printf("  %-34s %8.2f us  (%.0f cycles)\n", what, cycles / cyc_per_us, cycles);
+  };
+  for (const Phase& ph : tile_phases) line(ph.name, medians(ph));
+  line("each of blocks 1 .. n-1", median(steady));
+  std::printf("the middle K/V block (j = %d), step by step:\n", n_blocks / 2);
+  for (const Phase& ph : block_phases) line(ph.name, medians(ph));
+  const double blocks_us = n_blocks * median(steady) / cyc_per_us, tile_us = medians(tile_phases[4]) / cyc_per_us;
   std::printf("a tile beyond n x (one steady block): %.2f us of %.2f (%.1f %%)\n", tile_us - blocks_us, tile_us,
               100 * (tile_us - blocks_us) / tile_us);
   return 0;
 }
 
+int run(int N, bool fp8) {
+  if (N < 128 || N > 16384) throw AttnError("N must be in [128, 16384] (B = 16384 / N)");
+  AttnProblem p;
+  p.d = 128;
+  p.Nq = p.Nk = N;
+  p.B = std::max(1, 16384 / N);
+  p.H = p.Hkv = 2048 / p.d;
+  p.dtype = fp8 ? DType::fp8_e4m3 : DType::bf16;  // the inputs are bf16 either way
+  const size_t ws_bytes = fp8 ? fa3::Fp8Workspace(p).total : sizeof(int);
+  DeviceBuffer q(p.q_elems() * 2), k(p.kv_elems() * 2), v(p.kv_elems() * 2), o(p.o_elems() * 2), ws(ws_bytes);
+  fill_random(q.get(), p.q_elems(), DType::bf16, 1, Fill::normal, 0, 1, nullptr);  // N(0,1), as attn_bench
+  fill_random(k.get(), p.kv_elems(), DType::bf16, 2, Fill::normal, 0, 1, nullptr);
+  fill_random(v.get(), p.kv_elems(), DType::bf16, 3, Fill::normal, 0, 1, nullptr);
+  AttnTensors t;
+  t.q = q.get();
+  t.k = k.get();
+  t.v = v.get();
+  t.o = o.get();
+  t.workspace = ws.get();
+  t.workspace_bytes = ws.bytes();
+  if (fp8) {
+    fa3::launch_fp8_quantize<128>(p, t, fa3::Fp8Options{}, nullptr);  // the full variant's workspace
+    return report<fa3::Fp8Config<128>>("06_fp8 (attention kernel)", p, [&] {
+      fa3::launch_fp8_attention<128>(p, t, fa3::Schedule::persistent, nullptr);
+    });
+  }
+  return report<fa3::Config<fa3::Variant::fa3, 128, __nv_bfloat16>>("06d", p, [&] {
+    fa3::launch<fa3::Variant::fa3, 128, __nv_bfloat16>(p, t, fa3::Schedule::persistent, nullptr, fa3::kRescaleLog2);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int N = 4096, d = 128;
+  int N = 4096;
+  bool fp8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--n" && i + 1 < argc) N = std::atoi(argv[++i]);
-    else if (a == "--d" && i + 1 < argc) d = std::atoi(argv[++i]);
+    else if (a == "--fp8") fp8 = true;
     else {
-      std::fprintf(stderr, "usage: tile_timeline [--n N] [--d 128]\n");
+      std::fprintf(stderr, "usage: tile_timeline [--n N] [--fp8]\n");
       return 2;
     }
   }
   try {
-    return run(N, d);
+    return run(N, fp8);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tile_timeline: %s\n", e.what());
     return 1;

@@ -87,9 +87,11 @@ build/bench/attn_bench "${sweep[@]}" --rungs 06d_fa3,06_fp8 --dtype bf16,fp8 --d
 build/bench/fp8_accuracy --time --csv "$out_dir/fp8_accuracy.csv" 2>&1 | tee "$out_dir/fp8_accuracy.log" ||
   log "fp8_accuracy FAILED"
 
-log "tile timeline: where a persistent 06d CTA's time goes, d = 128 (log $out_dir/tile_timeline.txt)"
-for n in 2048 4096 16384; do build/bench/tile_timeline --n "$n" && echo; done > "$out_dir/tile_timeline.txt" 2>&1 ||
-  log "tile_timeline FAILED"
+log "tile timeline: where a persistent 06d / FP8 CTA's time goes, d = 128 (log $out_dir/tile_timeline.txt)"
+{
+  for n in 2048 4096 16384; do build/bench/tile_timeline --n "$n" && echo; done
+  for n in 4096 8192 16384; do build/bench/tile_timeline --fp8 --n "$n" && echo; done
+} > "$out_dir/tile_timeline.txt" 2>&1 || log "tile_timeline FAILED"
 
 csvs=("$out_dir/ladder.csv")
 if python3 -c 'import torch' 2>/dev/null; then
