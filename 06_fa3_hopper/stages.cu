@@ -66,7 +66,7 @@ Stage make_stage(std::string name, std::string prev, std::string summary) {
     if (ctas > INT_MAX) return "needs " + std::to_string(ctas) + " CTAs; the 1-D grid holds at most 2^31 - 1";
     return "";
   };
-  if (kSchedule != one_tile)  // the persistent schedule's unit counter (fa3_kernel.cuh: next_unit)
+  if (kSchedule == persistent)  // its unit counter (fa3_kernel.cuh: next_unit); CTA pairs use none
     s.workspace_bytes = [](const AttnProblem&) { return sizeof(int); };
   s.launch = [](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
     kernel_for<V>(p)(p, t, kSchedule(p), stream, kEagerRescale ? -INFINITY : fa3::kRescaleLog2);

@@ -109,20 +109,25 @@ int report(const char* name, const AttnProblem& p, Launch&& launch) {
       {"rescale O_i, P_ij -> operand", M::pv_landed, M::block_end, false},
       {"the whole block", M::block_begin, M::block_end, false},
   };
-  auto medians = [&](const Phase& ph) {
-    std::vector<double> v;
+  // Every consumer warpgroup's every tile (no mask: CTA c's seq-th tile is unit c + seq * ctas).
+  auto each_tile = [&](auto&& f) {
     for (int c = 0; c < ctas; ++c)
       for (int seq = 0; seq < fa3::kMaxSeq && c + seq * ctas < tiles; ++seq)
-        for (int role = 1; role <= Cfg::kConsumers; ++role)
-          if (!ph.previous_tile || seq > 0)
-            v.push_back(mark(c, seq, role, ph.to) - mark(c, seq - (ph.previous_tile ? 1 : 0), role, ph.from));
+        for (int role = 1; role <= Cfg::kConsumers; ++role) f(c, seq, role);
+  };
+  auto medians = [&](const Phase& ph) {
+    std::vector<double> v;
+    each_tile([&](int c, int seq, int role) {
+      if (!ph.previous_tile || seq > 0)
+        v.push_back(mark(c, seq, role, ph.to) - mark(c, seq - (ph.previous_tile ? 1 : 0), role, ph.from));
+    });
     return median(v);
   };
   std::vector<double> steady;  // cycles per block, blocks 1 .. n-1
-  for (int c = 0; c < ctas && n_blocks > 1; ++c)
-    for (int seq = 0; seq < fa3::kMaxSeq && c + seq * ctas < tiles; ++seq)
-      for (int role = 1; role <= Cfg::kConsumers; ++role)
-        steady.push_back((mark(c, seq, role, M::loop_done) - mark(c, seq, role, M::block0_done)) / (n_blocks - 1));
+  if (n_blocks > 1)
+    each_tile([&](int c, int seq, int role) {
+      steady.push_back((mark(c, seq, role, M::loop_done) - mark(c, seq, role, M::block0_done)) / (n_blocks - 1));
+    });
 
   std::printf("%s d = %d, N = %d (B = %d, H = %d), no mask: %d tiles of %d K/V blocks (B_c = %d) on %d CTAs\n", name,
               p.d, N, p.B, p.H, tiles, n_blocks, Cfg::B_c, ctas);
