@@ -58,9 +58,9 @@ struct Config {
   static constexpr bool kIntraOverlap = V == Variant::fa3;
   // Hold the wait for the in-flight P V until the softmax is done (overlapped_blocks), so
   // that the softmax really runs under it. Measured on an H100 (README): faster at d = 256
-  // only. At d = 128 with the ping-pong, ptxas then lacks registers and serializes the
-  // wgmma; where it compiles (d = 64 with B_c = 64, FP8 at d <= 128, d = 128 without the
-  // ping-pong) it is slower or no faster.
+  // only. At d = 128 with the ping-pong, ptxas then spills O and serializes the wgmma
+  // (C7512, set off by TurnTaking::finish's barrier after the tile loop); with the turns on
+  // mbarriers it compiles, and at d <= 128 it is no faster (README, Tried).
   static constexpr bool kSoftmaxUnderPv = V == Variant::fa3 && D == 256;
   static constexpr bool kMayPairCtas = V == Variant::fa3;  // 06d may run Schedule::persistent_cta_pairs
 
