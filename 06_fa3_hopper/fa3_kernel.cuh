@@ -35,7 +35,8 @@ using namespace attn::hopper;
 // Tile timeline: bench/tile_timeline.cu defines FA3_TIMELINE and a timeline_mark that
 // stamps the SM clock at each of these events of a tile; in every other build the marks
 // compile to nothing. The first six are once per tile; the rest inside the loop over K/V
-// blocks, for one block per tile (the middle one: timeline_mark_block).
+// blocks, for one block per tile (the middle one: timeline_mark_block). block_end stays
+// last: the tool sizes its table by it.
 enum class Mark {
   q_issued, q_ready, block0_done, loop_done, last_pv_done, output_done,
   block_begin, gemms_issued, s_landed, pv_landed, block_end

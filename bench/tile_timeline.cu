@@ -32,7 +32,8 @@
 
 namespace attn::fa3 {
 
-constexpr int kMaxCtas = 1024, kMaxSeq = 64, kRoles = 4, kMarks = 11;  // roles: producer, consumers 1..3
+constexpr int kMaxCtas = 1024, kMaxSeq = 64, kRoles = 4;  // roles: producer, consumers 1..3
+constexpr int kMarks = int(Mark::block_end) + 1;             // every Mark, block_end the last
 __device__ long long g_marks[kMaxCtas][kMaxSeq][kRoles][kMarks];
 
 __device__ void timeline_mark(int seq, Mark m) {
