@@ -78,59 +78,79 @@ struct Params {
 };
 
 constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr int kChunkElems = 8;  // one 16-byte chunk = 8 bf16/fp16 elements
 
-// Shared-memory tiles are row-major with rows padded by one 16-byte chunk (Tile::kStride =
-// d + 8 elements). An ldmatrix 8x8 matrix reads the same chunk of 8 consecutive rows; with
-// an unpadded stride (a multiple of 128 bytes) all 8 would sit in the same 4 banks. The pad
-// shifts each row by 16 bytes, so the 8 rows cover all 32 banks (row r, chunk c sits in
-// bank group (r + c) mod 8):
+// Shared-memory tiles are row-major, d elements per row, laid out so that an ldmatrix 8x8
+// matrix (the same 16-byte chunk of 8 consecutive rows) reads all 32 banks: with rows of a
+// multiple of 128 bytes, unchanged, all 8 would sit in the same 4 banks. Two layouts
+// (Tile::kSwizzle):
 //
-//   bank group (16 B):  0   1   2   3   4   5   6   7
-//   row 0:             c0  c1  c2  c3  c4  c5  c6  c7   (then c8.., the pad)
-//   row 1:             c7  c0  c1  c2  c3  c4  c5  c6
-//   row 2:             c6  c7  c0  c1  c2  c3  c4  c5
+//  - padded (d = 64, 128): each row is followed by one spare 16-byte chunk (Tile::kStride =
+//    d + 8), shifting row r by 16 r bytes: chunk c sits in bank group (r + c) mod 8.
+//  - swizzled (d = 256): rows of exactly d elements, chunk c of row r stored at chunk
+//    c ^ (r % 8): bank group (c ^ r) mod 8.
 //
-// Every fragment address is then a per-lane base plus a compile-time offset.
-template <class Cfg>
-__device__ __forceinline__ int tile_offset(int row, int chunk) {
-  return row * Cfg::kStride + chunk * kChunkElems;
-}
+//   bank group (16 B):  0   1   2   3   4   5   6   7          0   1   2   3   4   5   6   7
+//   padded    row 0:   c0  c1  c2  c3  c4  c5  c6  c7  swizzled c0  c1  c2  c3  c4  c5  c6  c7
+//             row 1:   c7  c0  c1  c2  c3  c4  c5  c6           c1  c0  c3  c2  c5  c4  c7  c6
+//             row 2:   c6  c7  c0  c1  c2  c3  c4  c5           c2  c3  c0  c1  c6  c7  c4  c5
+//
+// In the padded tile every fragment address is a lane's base plus a compile-time offset. The
+// swizzle permutes chunks only inside an aligned 128-byte line, so each 128-byte piece of a
+// row that cp.async copies lands in one line of shared memory; padded, every piece straddles
+// two lines, and the copies cost 1.5x the L2 sectors (README, Shared memory), which binds at
+// d = 256, where a 64-row Q block reads K and V at the highest rate per FLOP. The swizzle's
+// price is registers: a lane's ldmatrix addresses for the 16-column steps differ by more than
+// an offset (frag_addr), and at d <= 128, 255 registers already, ptxas would spill.
+// (tile_offset, in fa2_tiles.h so that the CPU tests check it: Fa2Layout.*)
 
-// Shared address of row `row`, chunk `chunk` of a tile: the per-lane base of an ldmatrix.
+// One lane's ldmatrix row in a tile: the shared address of (row, chunk) as if unswizzled, and
+// the row's swizzle (row % 8 in address bits 4-6; 0 when padded). Moving by a multiple of 8
+// rows or of 16 columns (2 chunks) keeps bit 4 and the row's swizzle, so every fragment
+// address is this base plus a compile-time offset, XORed with the swizzle (frag_addr).
+struct LaneRow {
+  uint32_t addr;
+  uint32_t swizzle;
+};
 template <class Cfg, typename T>
-__device__ __forceinline__ uint32_t lane_base(const T* tile, int row, int chunk) {
-  return ptx::smem_u32(tile + tile_offset<Cfg>(row, chunk));
+__device__ __forceinline__ LaneRow lane_row(const T* tile, int row, int chunk) {
+  return {ptx::smem_u32(tile + row * Cfg::kStride + chunk * kChunkElems), Cfg::kSwizzle ? uint32_t(row % 8) << 4 : 0u};
 }
 
-// The ldmatrix address `rows` rows and 2 * k16 chunks (16 columns) past a lane's base.
+// The ldmatrix address `rows` rows (a multiple of 8) and 2 * k16 chunks (16 columns) past a
+// lane's row. Swizzled tiles start on 128-byte boundaries, so XORing the address is XORing
+// the chunk index's low three bits.
 template <class Cfg>
-__device__ __forceinline__ uint32_t frag_addr(uint32_t base, int rows, int k16) {
-  return base + (rows * Cfg::kStride + 2 * k16 * kChunkElems) * Cfg::kElemBytes;
+__device__ __forceinline__ uint32_t frag_addr(LaneRow lane, int rows, int k16) {
+  const uint32_t addr = lane.addr + (rows * Cfg::kStride + 2 * k16 * kChunkElems) * Cfg::kElemBytes;
+  if constexpr (Cfg::kSwizzle) return addr ^ lane.swizzle;
+  return addr;
 }
 
-// cp.async rows [first_row, first_row + kRows) of a [n_rows, D] matrix into a padded tile;
+// cp.async rows [first_row, first_row + kRows) of a [n_rows, D] matrix into a tile;
 // rows past n_rows are zero-filled and never read from global memory. Thread t copies chunk
-// t % (D/8) of rows t / (D/8) + k * (threads / (D/8)): one base address, constant offsets.
+// t % (D/8) of rows t / (D/8) + k * (threads / (D/8)), so a warp copies whole 128-byte pieces
+// of rows.
 template <class Cfg, int kRows, typename T>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int first_row, int n_rows) {
   constexpr int kChunksPerRow = Cfg::kD / kChunkElems;
   constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
   static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
   const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
-  const uint32_t dst = ptx::smem_u32(tile + tile_offset<Cfg>(r0, chunk));
-  constexpr int kDstStep = kRowsPerPass * Cfg::kStride * Cfg::kElemBytes;  // bytes between passes
+  const uint32_t tile_u32 = ptx::smem_u32(tile);
+  auto dst = [&](int pass) {  // padded: one base plus constant offsets; swizzled: two bases at d = 256
+    return tile_u32 + tile_offset<Cfg>(r0 + pass * kRowsPerPass, chunk) * Cfg::kElemBytes;
+  };
   if (first_row + kRows <= n_rows) {  // the whole tile is inside the matrix: no row checks
     const T* g = src + int64_t(first_row + r0) * Cfg::kD + chunk * kChunkElems;
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass)
-      ptx::cp_async_16(dst + pass * kDstStep, g + pass * kRowsPerPass * Cfg::kD, true);
+      ptx::cp_async_16(dst(pass), g + pass * kRowsPerPass * Cfg::kD, true);
   } else {  // the ragged last tile
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
       const int row = first_row + r0 + pass * kRowsPerPass;
       const bool valid = row < n_rows;
-      ptx::cp_async_16(dst + pass * kDstStep, src + (valid ? int64_t(row) * Cfg::kD + chunk * kChunkElems : 0), valid);
+      ptx::cp_async_16(dst(pass), src + (valid ? int64_t(row) * Cfg::kD + chunk * kChunkElems : 0), valid);
     }
   }
 }
@@ -162,10 +182,10 @@ __device__ __forceinline__ void qk_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::
                                         int warp_row0, int lane) {
   constexpr int D = Cfg::kD;
   // A = Q_i rows: matrices (rows 0-7 | 8-15) x (chunk 2kk | 2kk+1) -> lane row l % 16, chunk l / 16.
-  const uint32_t q_base = lane_base<Cfg>(sQ, warp_row0 + lane % 16, lane / 16);
+  const LaneRow q_base = lane_row<Cfg>(sQ, warp_row0 + lane % 16, lane / 16);
   // B = K_j^T: K_j rows are B's columns, so no transpose. Matrices (keys 0-7, chunk 2kk),
   // (keys 0-7, 2kk+1), (keys 8-15, 2kk), (keys 8-15, 2kk+1) -> key l % 8 + 8 (l / 16), chunk (l / 8) % 2.
-  const uint32_t k_base = lane_base<Cfg>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+  const LaneRow k_base = lane_row<Cfg>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
@@ -353,7 +373,7 @@ __device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::k
   constexpr int D = Cfg::kD;
   // V_j rows are B's k index, so transpose on load. Matrices (keys 0-7, chunk 2dp),
   // (keys 8-15, 2dp), (keys 0-7, 2dp+1), (keys 8-15, 2dp+1) -> key l % 16, chunk l / 16.
-  const uint32_t v_base = lane_base<Cfg>(sV, lane % 16, lane / 16);
+  const LaneRow v_base = lane_row<Cfg>(sV, lane % 16, lane / 16);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kWarpKeys / 16; ++kk)
 #pragma unroll
@@ -391,12 +411,12 @@ __device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::k
 // The loops are unrolled, so f[s % (A+1)] names registers (no copies, no local memory).
 
 template <class Cfg, typename T>
-__device__ __forceinline__ uint32_t v_lane_base(const T* sV, int lane) {
-  return lane_base<Cfg>(sV, lane % 16, lane / 16);  // as in pv_tile
+__device__ __forceinline__ LaneRow v_lane_base(const T* sV, int lane) {
+  return lane_row<Cfg>(sV, lane % 16, lane / 16);  // as in pv_tile
 }
 // Step s of P_ij V_j: B = V_j[keys 16kk.., d 16dp..], kk = s / (d / 16), dp = s % (d / 16).
 template <class Cfg>
-__device__ __forceinline__ void load_v_step(uint32_t (&b)[4], uint32_t v_base, int s) {
+__device__ __forceinline__ void load_v_step(uint32_t (&b)[4], LaneRow v_base, int s) {
   constexpr int kDSteps = Cfg::kD / 16;
   ptx::ldmatrix_x4_trans(b, frag_addr<Cfg>(v_base, (s / kDSteps) * 16, s % kDSteps));
 }
@@ -404,7 +424,7 @@ __device__ __forceinline__ void load_v_step(uint32_t (&b)[4], uint32_t v_base, i
 // Steps 0 .. kVAhead - 1, issued once V_j has landed and before the softmax.
 template <class Cfg, typename T>
 __device__ __forceinline__ void load_v_head(uint32_t (&v_frags)[Cfg::kVAhead + 1][4], const T* sV, int lane) {
-  const uint32_t v_base = v_lane_base<Cfg>(sV, lane);
+  const LaneRow v_base = v_lane_base<Cfg>(sV, lane);
 #pragma unroll
   for (int s = 0; s < Cfg::kVAhead; ++s) load_v_step<Cfg>(v_frags[s], v_base, s);
 }
@@ -417,7 +437,7 @@ __device__ __forceinline__ void pv_tile_prefetch(float (&O_i)[Frag<Cfg>::kM][Fra
                                                  uint32_t (&v_frags)[Cfg::kVAhead + 1][4], const T* sV, int lane) {
   constexpr int kDSteps = Cfg::kD / 16, kSteps = Cfg::kWarpKeys / 16 * kDSteps, kRing = Cfg::kVAhead + 1;
   static_assert(kSteps > Cfg::kVAhead, "fewer steps than fragments loaded ahead");
-  const uint32_t v_base = v_lane_base<Cfg>(sV, lane);
+  const LaneRow v_base = v_lane_base<Cfg>(sV, lane);
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     if (s + Cfg::kVAhead < kSteps) load_v_step<Cfg>(v_frags[(s + Cfg::kVAhead) % kRing], v_base, s + Cfg::kVAhead);
@@ -486,7 +506,7 @@ __device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cf
 
 // Split-K, lines 12-15: each warp holds a partial O_i and l_i over its keys, all under the
 // same m_i (cta_row_max), so they add without rescaling. Every warp writes its partials to
-// shared memory (fp32, over the K/V buffers, free after the loop); then warp w sums the
+// shared memory (fp32, over the Q and K/V tiles, free after the loop); then warp w sums the
 // kWarps partials of rows w, w + kWarps, ..., divides by l_i and writes O_i and L_i, lane l
 // columns 4l..4l+3 of every 128 (16-byte shared loads, 8-byte global stores).
 template <typename T, class Cfg>
@@ -500,7 +520,7 @@ __device__ __forceinline__ void write_output_split_kv(const float (&O_i)[Frag<Cf
   const int warp = threadIdx.x / 32;
   float* s_row_sum = s_stats;          // [B_r][warps], where the row maxima were
   float* s_m = s_stats + B_r * kWarps;  // [B_r]
-  __syncthreads();  // every warp is done with K_j, V_j (overwritten below) and the row maxima
+  __syncthreads();  // every warp is done with Q_i, K_j, V_j (overwritten below) and the row maxima
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
@@ -548,7 +568,7 @@ template <typename T, class Cfg, bool kDelayedNorm, bool kLazy>
 __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK, T* sV, float* s_stats, int bh,
                                                int i) {
   constexpr int D = Cfg::kD, B_r = Cfg::kBr, B_c = Cfg::kBc, kStages = Cfg::kStages;
-  constexpr int kTileKV = B_c * Cfg::kStride;  // elements per padded K or V tile
+  constexpr int kTileKV = B_c * Cfg::kStride;  // elements per K or V tile
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int b = bh / p.H, h = bh % p.H, h_kv = h / p.group;
   const T* Q = p.q + int64_t(bh) * p.Nq * D;
@@ -649,16 +669,19 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
   }
 
   if constexpr (Cfg::kSplitKV)  // lines 12-15
-    write_output_split_kv<T, Cfg>(O_i, m_i, l_i, reinterpret_cast<float*>(sK), s_stats, p, bh, row0, lane);
+    write_output_split_kv<T, Cfg>(O_i, m_i, l_i, reinterpret_cast<float*>(sQ), s_stats, p, bh, row0, lane);
   else
     write_output<T, Cfg, kDelayedNorm>(O_i, m_i, l_i, sQ, p, bh, row0, warp_first_row<Cfg>(warp), lane);
 }
 
 template <typename T, class Cfg, bool kDelayedNorm, bool kOneCtaPerHead>
 __global__ void __launch_bounds__(Cfg::kThreads) fa2_forward_kernel(const Params<T> p) {
-  extern __shared__ __align__(16) unsigned char smem[];  // cp.async and ldmatrix move 16-byte chunks
-  T* sQ = reinterpret_cast<T*>(smem);       // [B_r, kStride]
-  T* sK = sQ + Cfg::kBr * Cfg::kStride;     // kStages x [B_c, kStride]
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // cp.async and ldmatrix move 16-byte chunks
+  // Swizzled tiles start on 128-byte boundaries (tile_offset); kSmemBytes has room for the shift.
+  unsigned char* smem = smem_raw;
+  if constexpr (Cfg::kSwizzle) smem += (Cfg::kSmemAlign - ptx::smem_u32(smem_raw) % Cfg::kSmemAlign) % Cfg::kSmemAlign;
+  T* sQ = reinterpret_cast<T*>(smem);    // [B_r, kStride]
+  T* sK = sQ + Cfg::kBr * Cfg::kStride;  // kStages x [B_c, kStride]
   T* sV = sK + Cfg::kStages * Cfg::kBc * Cfg::kStride;  // kStages x [B_c, kStride]
   float* s_stats = reinterpret_cast<float*>(sV + Cfg::kStages * Cfg::kBc * Cfg::kStride);  // split-K: kStatsBytes
   if constexpr (!kOneCtaPerHead) {

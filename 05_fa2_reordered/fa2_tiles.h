@@ -25,7 +25,8 @@ template <int kD_,       // head dim d: each row of Q, K, V, O is d elements
           int kWarps_,   // warps per CTA: more warps, fewer rows (q_rows) or keys (kv_keys) and registers each
           int kStages_,  // (K, V) buffer pairs: 1 = FA2's split schedule (least smem), 2+ = a ring (one barrier per block)
           WarpSplit kSplit_ = WarpSplit::q_rows,  // kv_keys: every warp holds all B_r rows of O_i, so B_r must be small
-          int kVAhead_ = 0>  // V_j fragments of P_ij V_j loaded before the softmax (0: none): less waiting, more registers
+          int kVAhead_ = 0,  // V_j fragments of P_ij V_j loaded before the softmax (0: none): less waiting, more registers
+          bool kSwizzle_ = false>  // smem rows XOR-swizzled instead of padded: aligned copies, more address registers
 struct Tile {
   static constexpr int kD = kD_;
   static constexpr int kBr = kBr_;
@@ -39,27 +40,40 @@ struct Tile {
   static constexpr int kWarpRows = kSplitKV ? kBr : kBr / kWarps;  // rows of S and O one warp holds
   static constexpr int kWarpKeys = kSplitKV ? kBc / kWarps : kBc;  // keys of each K_j, V_j one warp reads
   static constexpr int kElemBytes = 2;             // bf16 / fp16
-  static constexpr int kStride = kD + 8;           // smem row: d elements + one 16-byte pad chunk (no ldmatrix bank conflicts)
+  static constexpr bool kSwizzle = kSwizzle_;  // fa2_kernel.cuh: tile_offset
+  static constexpr int kStride = kSwizzle ? kD : kD + 8;  // smem row: d elements, + one 16-byte pad chunk unless swizzled
+  static constexpr int kSmemAlign = kSwizzle ? 128 : 0;  // swizzled tiles on 128-byte lines (the XOR stays inside them)
   // kv_keys only: fp32 [B_r][warps] per-warp row maxima of a block (then row sums) and [B_r] m_i.
   static constexpr int kStatsBytes = kSplitKV ? 4 * (kWarps + 1) * kBr : 0;
-  // kv_keys only: the warps' partial O_i, fp32 [warps][B_r][d + 8], overlaying the K/V buffers after the loop.
+  // kv_keys only: the warps' partial O_i, fp32 [warps][B_r][d + 8], overlaying the Q and K/V tiles after the loop.
   static constexpr int kPartialOStride = kD + 8;  // fp32 row pitch: a half-warp's float2 fragment stores hit 32 banks
   static constexpr int kPartialOBytes = kSplitKV ? 4 * kWarps * kBr * kPartialOStride : 0;
-  // Q_i, (K_j, V_j) x stages, and the split-K statistics
-  static constexpr int kSmemBytes = kElemBytes * kStride * (kBr + 2 * kStages * kBc) + kStatsBytes;
+  // Q_i, (K_j, V_j) x stages, the split-K statistics, and room to align a swizzled first tile
+  static constexpr int kSmemBytes = kElemBytes * kStride * (kBr + 2 * kStages * kBc) + kStatsBytes + kSmemAlign;
 
   static_assert(kStages >= 1, "at least one K and one V buffer");
   static_assert(kWarpRows % 16 == 0, "each warp owns whole 16-row mma tiles");
   static_assert(kWarpKeys % 16 == 0, "each warp reads whole 16-key mma steps of K_j, V_j");
   static_assert(kD % 16 == 0, "d is a whole number of 16-wide mma steps");
-  static_assert(kPartialOBytes <= kElemBytes * kStride * 2 * kStages * kBc, "partial O_i fit in the K/V buffers");
+  static_assert(kPartialOBytes <= kElemBytes * kStride * (kBr + 2 * kStages * kBc), "partial O_i fit in the Q and K/V tiles");
+  static_assert(!kSwizzle || kD % 64 == 0, "the swizzle permutes the 8 chunks of each 128-byte piece of a row");
 };
+
+constexpr int kChunkElems = 8;  // one 16-byte chunk = 8 bf16/fp16 elements
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a shared-memory tile (fa2_kernel.cuh
+// draws both layouts): padded, chunk c of row r at r * (d + 8) + 8 c; swizzled, at
+// r * d + 8 (c ^ (r % 8)).
+template <class Cfg>
+constexpr int tile_offset(int row, int chunk) {
+  return row * Cfg::kStride + (Cfg::kSwizzle ? chunk ^ (row % 8) : chunk) * kChunkElems;
+}
 
 // One configuration per head dim (at d = 128 and 256, the tiles FlashAttention-2's own
 // forward runs on Hopper).
 using Tile64 = Tile<64, 128, 128, 4, 2>;   // 90 KiB smem: 2 CTAs per SM
 using Tile128 = Tile<128, 128, 64, 4, 2>;  // 102 KiB smem: 2 CTAs per SM
-using Tile256 = Tile<256, 64, 64, 4, 1>;   // 99 KiB smem: 2 CTAs per SM
+using Tile256 = Tile<256, 64, 64, 4, 1, WarpSplit::q_rows, 0, /*kSwizzle=*/true>;  // 96 KiB smem: 2 CTAs per SM
 // The warp-split ablation at d = 128: 05's B_c, warps and ring, but each of the 4 warps takes
 // 16 keys of every K/V block for all rows. B_r = 32 keeps a warp's O_i at 05's 32 x 128 fp32
 // (128 registers per thread); B_r = 64 would need 256.
@@ -67,7 +81,7 @@ using Tile128SplitKV = Tile<128, 32, 64, 4, 2, WarpSplit::kv_keys>;  // 77 KiB s
 // The prefetch variant: 05's tiles, with the first V_j fragments of P_ij V_j loaded before the
 // softmax (each feeds 2 mma at d = 256, 4 at d = 128; 8 more at d = 128 would spill).
 using Tile128Prefetch = Tile<128, 128, 64, 4, 2, WarpSplit::q_rows, /*kVAhead=*/2>;  // 254 registers
-using Tile256Prefetch = Tile<256, 64, 64, 4, 1, WarpSplit::q_rows, /*kVAhead=*/8>;   // 235 registers
+using Tile256Prefetch = Tile<256, 64, 64, 4, 1, WarpSplit::q_rows, /*kVAhead=*/8, /*kSwizzle=*/true>;
 
 // Enqueue the forward kernel. Three ablations and a variant: kDelayedNorm = false divides O_i by l_i at
 // every step, as FlashAttention-1 does; kOneCtaPerHead launches FA1's grid (B * H CTAs,

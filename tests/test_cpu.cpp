@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 
+#include "05_fa2_reordered/fa2_tiles.h"
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "06_fa3_hopper/swizzle.h"
 #include "common/hbm_model.h"
@@ -290,6 +291,53 @@ TEST(Validation, DtypeNames) {
   EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
   EXPECT_EQ(parse_dtype("fp16"), DType::fp16);
   EXPECT_THROW(parse_dtype("fp32"), AttnError);
+}
+
+// ---------------------------------------------------------------- rung 05: shared-memory tiles
+// fa2::tile_offset, the layout every cp.async, ldmatrix and O store of 05 goes through: each
+// row's chunks are a permutation of the row's slots; the 8 rows an ldmatrix 8x8 matrix reads
+// hit 8 different bank groups; a swizzled chunk stays in its unswizzled 128-byte line (so a
+// 128-byte piece of a global row lands in one line), and its address is the unswizzled one
+// XORed with (row % 8) << 4, which is what frag_addr computes.
+
+namespace {
+
+template <class Cfg>
+void expect_fa2_tile_layout(const char* name) {
+  SCOPED_TRACE(name);
+  constexpr int kChunks = Cfg::kD / fa2::kChunkElems, kBytes = Cfg::kElemBytes;
+  for (int row = 0; row < 24; ++row) {
+    std::set<int> slots;
+    for (int c = 0; c < kChunks; ++c) {
+      const int off = fa2::tile_offset<Cfg>(row, c) - row * Cfg::kStride;
+      ASSERT_EQ(off % fa2::kChunkElems, 0);
+      ASSERT_GE(off, 0);
+      ASSERT_LT(off, Cfg::kD) << "row " << row << " chunk " << c << " leaves its row";
+      slots.insert(off);
+      if (Cfg::kSwizzle) {
+        const uint32_t plain = uint32_t((row * Cfg::kStride + c * fa2::kChunkElems) * kBytes);
+        const uint32_t stored = uint32_t(fa2::tile_offset<Cfg>(row, c) * kBytes);
+        EXPECT_EQ(stored / 128, plain / 128) << "row " << row << " chunk " << c << " leaves its 128-byte line";
+        EXPECT_EQ(stored, plain ^ (uint32_t(row % 8) << 4)) << "frag_addr's XOR, row " << row << " chunk " << c;
+      }
+    }
+    EXPECT_EQ(int(slots.size()), kChunks) << "row " << row << ": two chunks share a slot";
+  }
+  for (int row0 = 0; row0 < 24; row0 += 8)
+    for (int c = 0; c < kChunks; ++c) {
+      std::set<int> bank_groups;  // 16-byte bank groups of the 8 rows of one ldmatrix 8x8 matrix
+      for (int r = row0; r < row0 + 8; ++r) bank_groups.insert(fa2::tile_offset<Cfg>(r, c) * kBytes / 16 % 8);
+      EXPECT_EQ(int(bank_groups.size()), 8) << "rows " << row0 << "-" << row0 + 7 << ", chunk " << c << ": bank conflict";
+    }
+}
+
+}  // namespace
+
+TEST(Fa2Layout, TilesArePermutationsFreeOfBankConflicts) {
+  expect_fa2_tile_layout<fa2::Tile64>("Tile64 (padded)");
+  expect_fa2_tile_layout<fa2::Tile128>("Tile128 (padded)");
+  expect_fa2_tile_layout<fa2::Tile256>("Tile256 (swizzled)");
+  static_assert(!fa2::Tile128::kSwizzle && fa2::Tile256::kSwizzle, "the layouts the README describes");
 }
 
 // ---------------------------------------------------------------- rung 06: tile layouts and the FP8 pre-kernel model
