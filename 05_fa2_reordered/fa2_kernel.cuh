@@ -136,9 +136,11 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int first_row, 
   constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
   static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
   const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
-  const uint32_t tile_u32 = ptx::smem_u32(tile);
+  const uint32_t dst0 = ptx::smem_u32(tile + tile_offset<Cfg>(r0, chunk));
   auto dst = [&](int pass) {  // padded: one base plus constant offsets; swizzled: two bases at d = 256
-    return tile_u32 + tile_offset<Cfg>(r0 + pass * kRowsPerPass, chunk) * Cfg::kElemBytes;
+    if constexpr (Cfg::kSwizzle)
+      return ptx::smem_u32(tile) + tile_offset<Cfg>(r0 + pass * kRowsPerPass, chunk) * Cfg::kElemBytes;
+    return dst0 + pass * kRowsPerPass * Cfg::kStride * Cfg::kElemBytes;
   };
   if (first_row + kRows <= n_rows) {  // the whole tile is inside the matrix: no row checks
     const T* g = src + int64_t(first_row + r0) * Cfg::kD + chunk * kChunkElems;
