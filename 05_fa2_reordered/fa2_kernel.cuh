@@ -136,8 +136,10 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int first_row, 
   constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
   static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
   const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
+  // Padded: one base plus constant offsets. Swizzled: the offset of each pass's row (at d = 256,
+  // 4 rows per pass, the row's swizzle alternates between two patterns).
   const uint32_t dst0 = ptx::smem_u32(tile + tile_offset<Cfg>(r0, chunk));
-  auto dst = [&](int pass) {  // padded: one base plus constant offsets; swizzled: two bases at d = 256
+  auto dst = [&](int pass) {
     if constexpr (Cfg::kSwizzle)
       return ptx::smem_u32(tile) + tile_offset<Cfg>(r0 + pass * kRowsPerPass, chunk) * Cfg::kElemBytes;
     return dst0 + pass * kRowsPerPass * Cfg::kStride * Cfg::kElemBytes;
@@ -508,7 +510,7 @@ __device__ __forceinline__ void write_output(float (&O_i)[Frag<Cfg>::kM][Frag<Cf
 
 // Split-K, lines 12-15: each warp holds a partial O_i and l_i over its keys, all under the
 // same m_i (cta_row_max), so they add without rescaling. Every warp writes its partials to
-// shared memory (fp32, over the Q and K/V tiles, free after the loop); then warp w sums the
+// shared memory (fp32, over the K/V buffers, free after the loop); then warp w sums the
 // kWarps partials of rows w, w + kWarps, ..., divides by l_i and writes O_i and L_i, lane l
 // columns 4l..4l+3 of every 128 (16-byte shared loads, 8-byte global stores).
 template <typename T, class Cfg>
@@ -522,7 +524,7 @@ __device__ __forceinline__ void write_output_split_kv(const float (&O_i)[Frag<Cf
   const int warp = threadIdx.x / 32;
   float* s_row_sum = s_stats;          // [B_r][warps], where the row maxima were
   float* s_m = s_stats + B_r * kWarps;  // [B_r]
-  __syncthreads();  // every warp is done with Q_i, K_j, V_j (overwritten below) and the row maxima
+  __syncthreads();  // every warp is done with K_j, V_j (overwritten below) and the row maxima
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
@@ -671,7 +673,7 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
   }
 
   if constexpr (Cfg::kSplitKV)  // lines 12-15
-    write_output_split_kv<T, Cfg>(O_i, m_i, l_i, reinterpret_cast<float*>(sQ), s_stats, p, bh, row0, lane);
+    write_output_split_kv<T, Cfg>(O_i, m_i, l_i, reinterpret_cast<float*>(sK), s_stats, p, bh, row0, lane);
   else
     write_output<T, Cfg, kDelayedNorm>(O_i, m_i, l_i, sQ, p, bh, row0, warp_first_row<Cfg>(warp), lane);
 }

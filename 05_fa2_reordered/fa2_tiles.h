@@ -45,7 +45,7 @@ struct Tile {
   static constexpr int kSmemAlign = kSwizzle ? 128 : 0;  // swizzled tiles on 128-byte lines (the XOR stays inside them)
   // kv_keys only: fp32 [B_r][warps] per-warp row maxima of a block (then row sums) and [B_r] m_i.
   static constexpr int kStatsBytes = kSplitKV ? 4 * (kWarps + 1) * kBr : 0;
-  // kv_keys only: the warps' partial O_i, fp32 [warps][B_r][d + 8], overlaying the Q and K/V tiles after the loop.
+  // kv_keys only: the warps' partial O_i, fp32 [warps][B_r][d + 8], overlaying the K/V buffers after the loop.
   static constexpr int kPartialOStride = kD + 8;  // fp32 row pitch: a half-warp's float2 fragment stores hit 32 banks
   static constexpr int kPartialOBytes = kSplitKV ? 4 * kWarps * kBr * kPartialOStride : 0;
   // Q_i, (K_j, V_j) x stages, the split-K statistics, and room to align a swizzled first tile
@@ -55,7 +55,7 @@ struct Tile {
   static_assert(kWarpRows % 16 == 0, "each warp owns whole 16-row mma tiles");
   static_assert(kWarpKeys % 16 == 0, "each warp reads whole 16-key mma steps of K_j, V_j");
   static_assert(kD % 16 == 0, "d is a whole number of 16-wide mma steps");
-  static_assert(kPartialOBytes <= kElemBytes * kStride * (kBr + 2 * kStages * kBc), "partial O_i fit in the Q and K/V tiles");
+  static_assert(kPartialOBytes <= kElemBytes * kStride * 2 * kStages * kBc, "partial O_i fit in the K/V buffers");
   static_assert(!kSwizzle || kD % 64 == 0, "the swizzle permutes the 8 chunks of each 128-byte piece of a row");
 };
 
