@@ -84,46 +84,30 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 // multiple of 128 bytes, unchanged, all 8 would sit in the same 4 banks. Two layouts
 // (Tile::kSwizzle):
 //
-//  - padded (d = 64, 128): each row is followed by one spare 16-byte chunk (Tile::kStride =
-//    d + 8), shifting row r by 16 r bytes: chunk c sits in bank group (r + c) mod 8.
-//  - swizzled (d = 256): rows of exactly d elements, chunk c of row r stored at chunk
+//  - swizzled (05, every d): rows of exactly d elements, chunk c of row r stored at chunk
 //    c ^ (r % 8): bank group (c ^ r) mod 8.
+//  - padded (the ablation 05_fa2_padded, and the d = 128 ablations whose registers the
+//    swizzle would spill): each row is followed by one spare 16-byte chunk (Tile::kStride =
+//    d + 8), shifting row r by 16 r bytes: chunk c sits in bank group (r + c) mod 8.
 //
 //   bank group (16 B):  0   1   2   3   4   5   6   7          0   1   2   3   4   5   6   7
-//   padded    row 0:   c0  c1  c2  c3  c4  c5  c6  c7  swizzled c0  c1  c2  c3  c4  c5  c6  c7
-//             row 1:   c7  c0  c1  c2  c3  c4  c5  c6           c1  c0  c3  c2  c5  c4  c7  c6
-//             row 2:   c6  c7  c0  c1  c2  c3  c4  c5           c2  c3  c0  c1  c6  c7  c4  c5
+//   swizzled  row 0:   c0  c1  c2  c3  c4  c5  c6  c7  padded   c0  c1  c2  c3  c4  c5  c6  c7
+//             row 1:   c1  c0  c3  c2  c5  c4  c7  c6           c7  c0  c1  c2  c3  c4  c5  c6
+//             row 2:   c2  c3  c0  c1  c6  c7  c4  c5           c6  c7  c0  c1  c2  c3  c4  c5
 //
-// In the padded tile every fragment address is a lane's base plus a compile-time offset. The
-// swizzle permutes chunks only inside an aligned 128-byte line, so each 128-byte piece of a
-// row that cp.async copies lands in one line of shared memory; padded, every piece straddles
-// two lines, and the copies cost 1.5x the L2 sectors (README, Shared memory), which binds at
-// d = 256, where a 64-row Q block reads K and V at the highest rate per FLOP. The swizzle's
-// price is registers: a lane's ldmatrix addresses for the 16-column steps differ by more than
-// an offset (frag_addr), and at d <= 128, 255 registers already, ptxas would spill.
-// (tile_offset, in fa2_tiles.h so that the CPU tests check it: Fa2Layout.*)
+// The swizzle permutes chunks only inside an aligned 128-byte line, so each 128-byte piece of
+// a row that cp.async copies lands in one line of shared memory; padded, every piece
+// straddles two lines, and the copies cost 1.5x the L2 sectors (README, Shared-memory
+// layout). In the padded tile every fragment address is a lane's base plus a compile-time
+// offset; swizzled, one of four XORs of it plus an offset (fa2_tiles.h: frag_addr).
+// (tile_offset and frag_addr are in fa2_tiles.h so that the CPU tests check them: Fa2Layout.*)
 
-// One lane's ldmatrix row in a tile: the shared address of (row, chunk) as if unswizzled, and
-// the row's swizzle (row % 8 in address bits 4-6; 0 when padded). Moving by a multiple of 8
-// rows or of 16 columns (2 chunks) keeps bit 4 and the row's swizzle, so every fragment
-// address is this base plus a compile-time offset, XORed with the swizzle (frag_addr).
-struct LaneRow {
-  uint32_t addr;
-  uint32_t swizzle;
-};
+// One lane's ldmatrix row in a tile: the shared address of its 16-byte chunk (row, chunk),
+// chunk 0 or 1, as stored (swizzled or not). Every fragment the lane loads sits a multiple of
+// 8 rows and of 16 columns (2 chunks) away (fa2_tiles.h: frag_addr).
 template <class Cfg, typename T>
-__device__ __forceinline__ LaneRow lane_row(const T* tile, int row, int chunk) {
-  return {ptx::smem_u32(tile + row * Cfg::kStride + chunk * kChunkElems), Cfg::kSwizzle ? uint32_t(row % 8) << 4 : 0u};
-}
-
-// The ldmatrix address `rows` rows (a multiple of 8) and 2 * k16 chunks (16 columns) past a
-// lane's row. Swizzled tiles start on 128-byte boundaries, so XORing the address is XORing
-// the chunk index's low three bits.
-template <class Cfg>
-__device__ __forceinline__ uint32_t frag_addr(LaneRow lane, int rows, int k16) {
-  const uint32_t addr = lane.addr + (rows * Cfg::kStride + 2 * k16 * kChunkElems) * Cfg::kElemBytes;
-  if constexpr (Cfg::kSwizzle) return addr ^ lane.swizzle;
-  return addr;
+__device__ __forceinline__ uint32_t lane_row(const T* tile, int row, int chunk) {
+  return ptx::smem_u32(tile + tile_offset<Cfg>(row, chunk));
 }
 
 // cp.async rows [first_row, first_row + kRows) of a [n_rows, D] matrix into a tile;
@@ -136,11 +120,12 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int first_row, 
   constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
   static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
   const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
-  // Padded: one base plus constant offsets. Swizzled: the offset of each pass's row (at d = 256,
-  // 4 rows per pass, the row's swizzle alternates between two patterns).
+  // One base plus constant offsets, padded or when a pass covers whole 8-row groups (the rows
+  // of a thread keep their swizzle). At d = 256, 4 rows per pass, a thread's rows alternate
+  // between two swizzles: the offset of each pass's row.
   const uint32_t dst0 = ptx::smem_u32(tile + tile_offset<Cfg>(r0, chunk));
   auto dst = [&](int pass) {
-    if constexpr (Cfg::kSwizzle)
+    if constexpr (Cfg::kSwizzle && kRowsPerPass % 8 != 0)
       return ptx::smem_u32(tile) + tile_offset<Cfg>(r0 + pass * kRowsPerPass, chunk) * Cfg::kElemBytes;
     return dst0 + pass * kRowsPerPass * Cfg::kStride * Cfg::kElemBytes;
   };
@@ -186,10 +171,10 @@ __device__ __forceinline__ void qk_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::
                                         int warp_row0, int lane) {
   constexpr int D = Cfg::kD;
   // A = Q_i rows: matrices (rows 0-7 | 8-15) x (chunk 2kk | 2kk+1) -> lane row l % 16, chunk l / 16.
-  const LaneRow q_base = lane_row<Cfg>(sQ, warp_row0 + lane % 16, lane / 16);
+  const uint32_t q_base = lane_row<Cfg>(sQ, warp_row0 + lane % 16, lane / 16);
   // B = K_j^T: K_j rows are B's columns, so no transpose. Matrices (keys 0-7, chunk 2kk),
   // (keys 0-7, 2kk+1), (keys 8-15, 2kk), (keys 8-15, 2kk+1) -> key l % 8 + 8 (l / 16), chunk (l / 8) % 2.
-  const LaneRow k_base = lane_row<Cfg>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+  const uint32_t k_base = lane_row<Cfg>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
@@ -377,7 +362,7 @@ __device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::k
   constexpr int D = Cfg::kD;
   // V_j rows are B's k index, so transpose on load. Matrices (keys 0-7, chunk 2dp),
   // (keys 8-15, 2dp), (keys 0-7, 2dp+1), (keys 8-15, 2dp+1) -> key l % 16, chunk l / 16.
-  const LaneRow v_base = lane_row<Cfg>(sV, lane % 16, lane / 16);
+  const uint32_t v_base = lane_row<Cfg>(sV, lane % 16, lane / 16);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kWarpKeys / 16; ++kk)
 #pragma unroll
@@ -415,12 +400,12 @@ __device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::k
 // The loops are unrolled, so f[s % (A+1)] names registers (no copies, no local memory).
 
 template <class Cfg, typename T>
-__device__ __forceinline__ LaneRow v_lane_base(const T* sV, int lane) {
+__device__ __forceinline__ uint32_t v_lane_base(const T* sV, int lane) {
   return lane_row<Cfg>(sV, lane % 16, lane / 16);  // as in pv_tile
 }
 // Step s of P_ij V_j: B = V_j[keys 16kk.., d 16dp..], kk = s / (d / 16), dp = s % (d / 16).
 template <class Cfg>
-__device__ __forceinline__ void load_v_step(uint32_t (&b)[4], LaneRow v_base, int s) {
+__device__ __forceinline__ void load_v_step(uint32_t (&b)[4], uint32_t v_base, int s) {
   constexpr int kDSteps = Cfg::kD / 16;
   ptx::ldmatrix_x4_trans(b, frag_addr<Cfg>(v_base, (s / kDSteps) * 16, s % kDSteps));
 }
@@ -428,7 +413,7 @@ __device__ __forceinline__ void load_v_step(uint32_t (&b)[4], LaneRow v_base, in
 // Steps 0 .. kVAhead - 1, issued once V_j has landed and before the softmax.
 template <class Cfg, typename T>
 __device__ __forceinline__ void load_v_head(uint32_t (&v_frags)[Cfg::kVAhead + 1][4], const T* sV, int lane) {
-  const LaneRow v_base = v_lane_base<Cfg>(sV, lane);
+  const uint32_t v_base = v_lane_base<Cfg>(sV, lane);
 #pragma unroll
   for (int s = 0; s < Cfg::kVAhead; ++s) load_v_step<Cfg>(v_frags[s], v_base, s);
 }
@@ -441,7 +426,7 @@ __device__ __forceinline__ void pv_tile_prefetch(float (&O_i)[Frag<Cfg>::kM][Fra
                                                  uint32_t (&v_frags)[Cfg::kVAhead + 1][4], const T* sV, int lane) {
   constexpr int kDSteps = Cfg::kD / 16, kSteps = Cfg::kWarpKeys / 16 * kDSteps, kRing = Cfg::kVAhead + 1;
   static_assert(kSteps > Cfg::kVAhead, "fewer steps than fragments loaded ahead");
-  const LaneRow v_base = v_lane_base<Cfg>(sV, lane);
+  const uint32_t v_base = v_lane_base<Cfg>(sV, lane);
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     if (s + Cfg::kVAhead < kSteps) load_v_step<Cfg>(v_frags[(s + Cfg::kVAhead) % kRing], v_base, s + Cfg::kVAhead);

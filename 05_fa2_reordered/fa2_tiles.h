@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "common/attention.h"
 
 namespace attn::fa2 {
@@ -69,10 +71,28 @@ constexpr int tile_offset(int row, int chunk) {
   return row * Cfg::kStride + (Cfg::kSwizzle ? chunk ^ (row % 8) : chunk) * kChunkElems;
 }
 
+// The shared address (or byte offset in a tile) of the ldmatrix fragment `rows` rows (a
+// multiple of 8) and 16 k16 columns (2 k16 chunks) past a lane's chunk, from that chunk's
+// address `lane` (chunk 0 or 1 of its row, as stored). Padded: a constant offset. Swizzled: moving by whole 8-row groups keeps the
+// row's swizzle, and the chunk c + 2 k16 splits into its 128-byte line, k16 / 4 (an offset),
+// and its place in the line, (c ^ r % 8) ^ 2 (k16 % 4): the lane's offset XORed with one of
+// four constants, and an offset that ldmatrix encodes (tiles start on 128-byte lines).
+template <class Cfg>
+constexpr uint32_t frag_addr(uint32_t lane, int rows, int k16) {
+  constexpr int kBytes = Cfg::kElemBytes;
+  if (Cfg::kSwizzle)
+    return (lane ^ uint32_t(k16 % 4 * 2 * kChunkElems * kBytes)) + (rows * Cfg::kStride + k16 / 4 * 8 * kChunkElems) * kBytes;
+  return lane + (rows * Cfg::kStride + 2 * k16 * kChunkElems) * kBytes;
+}
+
 // One configuration per head dim (at d = 128 and 256, the tiles FlashAttention-2's own
 // forward runs on Hopper).
-using Tile64 = Tile<64, 128, 128, 4, 2>;   // 90 KiB smem: 2 CTAs per SM
-using Tile128 = Tile<128, 128, 64, 4, 2>;  // 102 KiB smem: 2 CTAs per SM
+using Tile64 = Tile<64, 128, 128, 4, 2, WarpSplit::q_rows, 0, /*kSwizzle=*/true>;   // 80 KiB smem: 2 CTAs per SM
+using Tile128 = Tile<128, 128, 64, 4, 2, WarpSplit::q_rows, 0, /*kSwizzle=*/true>;  // 96 KiB smem: 2 CTAs per SM
+// The layout ablation (05_fa2_padded): the same tiles with padded rows. The d = 128 ablations
+// and variant below are padded too: swizzled, their registers spill.
+using Tile64Padded = Tile<64, 128, 128, 4, 2>;    // 90 KiB smem: 2 CTAs per SM
+using Tile128Padded = Tile<128, 128, 64, 4, 2>;  // 102 KiB smem: 2 CTAs per SM
 using Tile256 = Tile<256, 64, 64, 4, 1, WarpSplit::q_rows, 0, /*kSwizzle=*/true>;  // 96 KiB smem: 2 CTAs per SM
 // The warp-split ablation at d = 128: 05's B_c, warps and ring, but each of the 4 warps takes
 // 16 keys of every K/V block for all rows. B_r = 32 keeps a warp's O_i at 05's 32 x 128 fp32

@@ -76,6 +76,18 @@ void launch_prefetch(const AttnProblem& p, const AttnTensors& t, cudaStream_t st
   return launch_prefetch_typed<__half>(p, t, stream);
 }
 
+// The layout ablation: 05's tiles, padded (fa2_tiles.h), d = 64 and 128.
+template <typename T>
+void launch_padded_typed(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  if (p.d == 64) return fa2::launch_fa2<T, fa2::Tile64Padded, true>(p, t, stream);
+  return fa2::launch_fa2<T, fa2::Tile128Padded, true>(p, t, stream);
+}
+
+void launch_padded(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  if (p.dtype == DType::bf16) return launch_padded_typed<__nv_bfloat16>(p, t, stream);
+  return launch_padded_typed<__half>(p, t, stream);
+}
+
 }  // namespace
 
 std::vector<Stage> fa2_stages() {
@@ -99,7 +111,7 @@ std::vector<Stage> fa2_stages() {
   no_delay.prev = "05_fa2_reordered";
   no_delay.summary = "05 without delayed normalization (O_i rescaled by 1/l_i every K/V block)";
   no_delay.head_dims = {128};
-  no_delay.launch = launch_ablation<fa2::Tile128, /*kDelayedNorm=*/false, /*kOneCtaPerHead=*/false>;
+  no_delay.launch = launch_ablation<fa2::Tile128Padded, /*kDelayedNorm=*/false, /*kOneCtaPerHead=*/false>;
 
   // Ablation: FA1's grid (one CTA per batch and head) with FA2's loop order inside it, so
   // the grid over the sequence is measured on its own.
@@ -109,7 +121,7 @@ std::vector<Stage> fa2_stages() {
   one_cta.summary = "05 on FA1's grid: one CTA per (batch, head) walks all Q blocks (no sequence parallelism)";
   one_cta.head_dims = {128};
   one_cta.refuse = [](const AttnProblem&) { return std::string(); };  // B * H CTAs always fit the grid
-  one_cta.launch = launch_ablation<fa2::Tile128, /*kDelayedNorm=*/true, /*kOneCtaPerHead=*/true>;
+  one_cta.launch = launch_ablation<fa2::Tile128Padded, /*kDelayedNorm=*/true, /*kOneCtaPerHead=*/true>;
 
   // Ablation: FA1's warp split ("split-K"). The warps of a CTA split the keys of each K/V
   // block instead of the rows of Q_i, so they exchange row maxima every block and sum their
@@ -133,6 +145,15 @@ std::vector<Stage> fa2_stages() {
   prefetch.head_dims = {128, 256};
   prefetch.launch = launch_prefetch;
 
+  // Ablation of the shared-memory layout at d = 64 and 128: rows padded by one 16-byte chunk
+  // instead of XOR-swizzled (fa2_kernel.cuh draws both).
+  Stage padded = fa2;
+  padded.name = "05_fa2_padded";
+  padded.prev = "05_fa2_reordered";
+  padded.summary = "05 with padded shared-memory rows (d + 8 elements) instead of the XOR swizzle";
+  padded.head_dims = {64, 128};
+  padded.launch = launch_padded;
+
   // Ablation (not an FA2 change, but one 05 makes): lazy rescaling switched off, so that
   // O_i is rescaled after every K/V block, as in FA2.
   Stage eager = fa2;
@@ -140,7 +161,7 @@ std::vector<Stage> fa2_stages() {
   eager.prev = "05_fa2_reordered";
   eager.summary = "05 rescaling O_i after every K/V block (no lazy rescaling), as FA2";
   eager.launch = launch_fa2_stage</*kEagerRescale=*/true>;
-  return {fa2, no_delay, one_cta, split_kv, prefetch, eager};
+  return {fa2, no_delay, one_cta, split_kv, prefetch, eager, padded};
 }
 
 }  // namespace attn

@@ -297,8 +297,8 @@ TEST(Validation, DtypeNames) {
 // fa2::tile_offset, the layout every cp.async, ldmatrix and O store of 05 goes through: each
 // row's chunks are a permutation of the row's slots; the 8 rows an ldmatrix 8x8 matrix reads
 // hit 8 different bank groups; a swizzled chunk stays in its unswizzled 128-byte line (so a
-// 128-byte piece of a global row lands in one line), and its address is the unswizzled one
-// XORed with (row % 8) << 4, which is what frag_addr computes.
+// 128-byte piece of a global row lands in one line). And fa2::frag_addr, which the ldmatrix
+// of every fragment goes through, finds each fragment from a lane's own chunk.
 
 namespace {
 
@@ -318,7 +318,6 @@ void expect_fa2_tile_layout(const char* name) {
         const uint32_t plain = uint32_t((row * Cfg::kStride + c * fa2::kChunkElems) * kBytes);
         const uint32_t stored = uint32_t(fa2::tile_offset<Cfg>(row, c) * kBytes);
         EXPECT_EQ(stored / 128, plain / 128) << "row " << row << " chunk " << c << " leaves its 128-byte line";
-        EXPECT_EQ(stored, plain ^ (uint32_t(row % 8) << 4)) << "frag_addr's XOR, row " << row << " chunk " << c;
       }
     }
     EXPECT_EQ(int(slots.size()), kChunks) << "row " << row << ": two chunks share a slot";
@@ -329,15 +328,30 @@ void expect_fa2_tile_layout(const char* name) {
       for (int r = row0; r < row0 + 8; ++r) bank_groups.insert(fa2::tile_offset<Cfg>(r, c) * kBytes / 16 % 8);
       EXPECT_EQ(int(bank_groups.size()), 8) << "rows " << row0 << "-" << row0 + 7 << ", chunk " << c << ": bank conflict";
     }
+  // A lane's chunk is chunk 0 or 1 of any row; its fragments lie whole 8-row groups and 16-column steps away.
+  for (int row = 0; row < 16; ++row)
+    for (int c = 0; c < 2; ++c)
+      for (int rows = 0; rows <= 56; rows += 8)
+        for (int k16 = 0; k16 < Cfg::kD / 16; ++k16) {
+          const uint32_t lane = uint32_t(fa2::tile_offset<Cfg>(row, c) * kBytes);
+          const uint32_t want = uint32_t(fa2::tile_offset<Cfg>(row + rows, c + 2 * k16) * kBytes);
+          ASSERT_EQ(fa2::frag_addr<Cfg>(lane, rows, k16), want)
+              << "lane row " << row << " chunk " << c << ", +" << rows << " rows, k16 " << k16;
+        }
 }
 
 }  // namespace
 
 TEST(Fa2Layout, TilesArePermutationsFreeOfBankConflicts) {
-  expect_fa2_tile_layout<fa2::Tile64>("Tile64 (padded)");
-  expect_fa2_tile_layout<fa2::Tile128>("Tile128 (padded)");
+  expect_fa2_tile_layout<fa2::Tile64>("Tile64 (swizzled)");
+  expect_fa2_tile_layout<fa2::Tile128>("Tile128 (swizzled)");
   expect_fa2_tile_layout<fa2::Tile256>("Tile256 (swizzled)");
-  static_assert(!fa2::Tile128::kSwizzle && fa2::Tile256::kSwizzle, "the layouts the README describes");
+  expect_fa2_tile_layout<fa2::Tile64Padded>("Tile64Padded");
+  expect_fa2_tile_layout<fa2::Tile128Padded>("Tile128Padded");
+  expect_fa2_tile_layout<fa2::Tile128SplitKV>("Tile128SplitKV (padded)");
+  static_assert(fa2::Tile64::kSwizzle && fa2::Tile128::kSwizzle && fa2::Tile256::kSwizzle &&
+                    !fa2::Tile128Padded::kSwizzle,
+                "the layouts the README describes");
 }
 
 // ---------------------------------------------------------------- rung 06: tile layouts and the FP8 pre-kernel model
