@@ -289,7 +289,7 @@ __device__ void consume_tiles(Smem& s, const Prm& p, Body&& body) {
   int kv = 0;
   for (int seq = 0;; ++seq) {
     mbarrier_wait(&s.q_full, seq & 1);
-    const int unit = __reduce_max_sync(0xffffffffu, s.unit);  // the same in every lane: warp-uniform
+    const int unit = __reduce_max_sync(0xffffffffu, ld_shared(&s.unit));  // the same in every lane: warp-uniform
     if (unit >= p.n_units) return;
     timeline_mark(seq, Mark::q_ready);
     body(tile_in_sequence<Cfg>(p, unit, seq, kv));

@@ -67,6 +67,14 @@ inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type
 // ---------------------------------------------------------------------------------------
 
 __device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+// A 32-bit load from shared memory by its shared-window address: reading a field of the
+// SharedStorage reference as a plain C++ load makes a generic load, and keeps the 64-bit
+// generic base live across the tile loop (at d = 128, B_c = 192, ptxas spilled it).
+__device__ inline int ld_shared(const int* p) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
 
 // An mbarrier completes a phase when `arrivals` threads arrived and all expected
 // transaction bytes (TMA) landed; waiters test the phase parity.
