@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -63,6 +64,10 @@ struct Config {
   // (C7512, set off by TurnTaking::finish's barrier after the tile loop); with the turns on
   // mbarriers it compiles, and at d <= 128 it is no faster (README, Tried).
   static constexpr bool kSoftmaxUnderPv = V == Variant::fa3 && D == 256;
+  // 06d's softmax of blocks 1, 2, ... exponentiates against the running max m_i and takes the
+  // block's max from P afterwards, off the softmax's critical path (settle_speculation): at
+  // d <= 128, where each warpgroup's softmax sits between its own P V and its next GEMMs.
+  static constexpr bool kSpeculativeMax = V == Variant::fa3 && D <= 128;
   static constexpr bool kMayPairCtas = V == Variant::fa3;  // 06d may run Schedule::persistent_cta_pairs
 
   static constexpr int kWgThreads = 128;                                      // threads per warpgroup
@@ -114,7 +119,8 @@ template <typename T>
 struct Params {
   CUtensorMap q_map, k_map, v_map;  // [B*H, Nq, d] and [B*Hkv, Nk, d], 128B-swizzled boxes
   T* o;
-  float* lse;  // may be null
+  float* lse;        // may be null
+  const T *q, *k;    // the raw Q and K, read only by the softmax's overflow path (recompute_scores)
   int Nq, Nk, H, Hkv, group, m_blocks, n_tiles;  // n_tiles = m_blocks * B * H
   int n_units;       // what the grid walks: the tiles, or with cta_pairs the pairs of tiles
   TileOrder order;   // which tile unit u is (common/tile_order.h: longest first with a causal mask)
@@ -469,6 +475,134 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
     for (int r = 0; r < 4; ++r) P_op[kk][r] = pack2<T>(P[8 * kk + 2 * r], P[8 * kk + 2 * r + 1]);
 }
 
+// ---------------------------------------------------------------------------------------
+// 06d's softmax of blocks j >= 1, max last (kSpeculativeMax). online_softmax takes the
+// block's row max first: ~90 dependent FMNMX and shuffles before the first exponential, on
+// the critical path from the warpgroup's P V landing to its next GEMMs. With lazy rescaling
+// the max almost never moves m_i, so 06d exponentiates against the running max m_i right
+// away, P_ij = 2^(S_ij s_log2 - m_i), and takes the max of P_ij as the exponentials come out
+// (FMNMX in the gaps of the MUFU stream). Only where a row's P_ij exceeds 2^rescale_log2 (its
+// max grew by more than rescale_log2) is there more to do, and then it is exact arithmetic:
+// m_new = m_i + log2(max P_ij), and P_ij, rowsum(P_ij) times 2^(m_i - m_new). A score past the
+// running max by 128 or more in log2 units overflows P to inf; then the warp recomputes its
+// scores from Q and K in global memory and takes online_softmax's path.
+// ---------------------------------------------------------------------------------------
+
+struct Speculation {
+  float base[2];     // the exponent base of the block's P: m_i, or 0 for a row with no key yet
+  float row_sum[2];  // this thread's part of rowsum(P_ij), against base
+  float p_max[2];    // this thread's max of P_ij
+};
+
+template <class Cfg>
+__device__ void exps_against_running_max(float (&S)[Cfg::B_c / 2], const float (&m)[2], float s_log2,
+                                         Speculation& sp) {
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    sp.base[slot] = m[slot] == -INFINITY ? 0.f : m[slot];
+    const float shift = -sp.base[slot];
+    float sum[2] = {0.f, 0.f}, mx[2] = {0.f, 0.f};  // two chains each, half as long
+#pragma unroll
+    for (int i = 0; i < Cfg::B_c / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& s_ij = S[4 * i + 2 * slot + e];
+        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
+        sum[e] += s_ij;
+        mx[e] = fmaxf(mx[e], s_ij);
+      }
+    sp.row_sum[slot] = sum[0] + sum[1];
+    sp.p_max[slot] = fmaxf(mx[0], mx[1]);
+  }
+}
+
+template <typename T>
+__device__ inline float2 to_float2(uint32_t packed) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+  else
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+}
+
+// S = Q_i K_jᵀ for this thread's entries of block j, from global memory on the CUDA cores
+// (fp32 sums of the bf16/fp16 products, as the wgmma's). Rows past Nq and keys past Nk get
+// 0, as TMA's zero fill gives them. Only the overflow path runs it: slow and small.
+template <class Cfg, int D, typename T>
+__device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const Params<T>& p, const Tile& t, int wg_row0, int j) {
+  const Fragment f;
+#pragma unroll 1
+  for (int idx = 0; idx < Cfg::B_c / 2; ++idx) {  // S[idx], idx = 4i + 2 slot + e
+    const int i = idx / 4, slot = idx / 2 % 2, e = idx % 2;
+    const int row = wg_row0 + f.row[0] + 8 * slot, key = j * Cfg::B_c + 8 * i + f.col_base + e;
+    float dot = 0.f;
+    if (row < p.Nq && key < p.Nk) {
+      const uint4* q = reinterpret_cast<const uint4*>(p.q + (size_t(t.bh) * p.Nq + row) * D);
+      const uint4* k = reinterpret_cast<const uint4*>(p.k + (size_t(t.kv_head) * p.Nk + key) * D);
+#pragma unroll 1
+      for (int c = 0; c < D / 8; ++c) {
+        const uint4 a = q[c], b = k[c];
+        const uint32_t qa[4] = {a.x, a.y, a.z, a.w}, kb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float2 x = to_float2<T>(qa[w]), y = to_float2<T>(kb[w]);
+          dot = fmaf(x.x, y.x, fmaf(x.y, y.y, dot));
+        }
+      }
+    }
+#pragma unroll
+    for (int x = 0; x < Cfg::B_c / 2; ++x)  // S stays in registers: constant indices only
+      if (x == idx) S[x] = dot;
+  }
+}
+
+// After exps_against_running_max and the speculative to_operand: settle l_i, m_i and alpha
+// (as online_softmax leaves them); returns whether O_i must be rescaled by alpha. Rows
+// whose P stayed <= p_limit = 2^rescale_log2 are done (the common case: one vote per warp).
+template <class Cfg, int D, typename T>
+__device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
+                                   float (&l)[2], float (&alpha)[2], const Speculation& sp, float s_log2,
+                                   float rescale_log2, float p_limit, const Params<T>& p, const Tile& t,
+                                   int wg_row0, int j) {
+  // A row with no visible key yet (m_i = -inf) took base 0: any P > 0 must set its m_i.
+  const bool grew = sp.p_max[0] > (m[0] == -INFINITY ? 0.f : p_limit) ||
+                    sp.p_max[1] > (m[1] == -INFINITY ? 0.f : p_limit);
+  if (!__any_sync(0xffffffffu, grew)) {
+    l[0] += sp.row_sum[0];
+    l[1] += sp.row_sum[1];
+    return false;
+  }
+  if (__any_sync(0xffffffffu, !(sp.p_max[0] <= FLT_MAX && sp.p_max[1] <= FLT_MAX))) {  // P overflowed
+    recompute_scores<Cfg, D>(S, p, t, wg_row0, j);
+    if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
+    const bool rescale_o = online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, s_log2, rescale_log2);
+    to_operand<Cfg, T>(S, P_op);
+    return rescale_o;
+  }
+  bool any_moved = false;
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    // The row's max in the exponent's units (log2 of 0 is -inf: a row of masked keys).
+    const float m_blk = fmaxf(m[slot], sp.base[slot] + log2_approx(quad_max(sp.p_max[slot])));
+    const bool moved = m_blk - m[slot] > rescale_log2;  // the same for the row's four threads
+    float row_sum = sp.row_sum[slot];
+    alpha[slot] = 1.f;
+    if (moved) {
+      const float to_new = exp2_approx(sp.base[slot] - m_blk);
+#pragma unroll
+      for (int i = 0; i < Cfg::B_c / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) S[4 * i + 2 * slot + e] *= to_new;
+      row_sum *= to_new;
+      alpha[slot] = exp2_approx(m[slot] - m_blk);  // 0 from m_i = -inf
+      m[slot] = m_blk;
+    }
+    l[slot] = alpha[slot] * l[slot] + row_sum;
+    any_moved |= moved;
+  }
+  to_operand<Cfg, T>(S, P_op);
+  return any_moved;
+}
+
 // Transpose a 4 x 4 block of 32-bit words across the quad of lanes that shares a row:
 // lane q holds a[k] = M[q][k] and gets back a[j] = M[j][q]. Two butterfly steps, each
 // swapping one bit of the lane with the same bit of k: 4 shuffles and a few selects.
@@ -615,7 +749,7 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
   blocks.begin(0);
   qk_and_wait<Cfg>(S, s, p, t, turn, Q_i, Slot<Cfg>(t.kv0), 0);
   if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, 0, wg_row0, p);
-  blocks.softmax(S, m, l, alpha);  // O_i is still 0: nothing to rescale
+  blocks.first_softmax(S, m, l, alpha);  // O_i is still 0: nothing to rescale
   blocks.to_operand(S, P_op);
   timeline_mark(t.seq, Mark::block0_done);
   for (int j = 1; j < t.n_blocks; ++j) {
@@ -637,7 +771,7 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     release_kv<Cfg>(&s.k_empty[cur.stage], p);
     release_q_after<Cfg>(s, t, j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
-    const bool rescale_o = blocks.softmax(S, m, l, alpha);
+    bool rescale_o = blocks.softmax(S, m, l, alpha);  // kSpeculative: P against m_i, nothing settled yet
     // ptxas schedules the wait below as early as it may, above the whole softmax, which
     // then runs after the P V instead of under it; the fence keeps the softmax first.
     if constexpr (Cfg::kSoftmaxUnderPv) fence_schedule_after(l[0] + l[1]);
@@ -645,11 +779,15 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     pin_registers(O);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::pv_landed);
     release_kv<Cfg>(&s.v_empty[prev.stage], p);
+    if constexpr (Blocks::kSpeculative) {
+      blocks.to_operand(S, P_op);  // as if no row max grew; settle redoes it where one did
+      rescale_o = blocks.settle(S, P_op, m, l, alpha, j);
+    }
     if (rescale_o) {
       blocks.to_units(alpha);
       rescale<D>(O, alpha);
     }
-    blocks.to_operand(S, P_op);
+    if constexpr (!Blocks::kSpeculative) blocks.to_operand(S, P_op);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_end);
   }
   // The last block's O_i += P V.
@@ -663,14 +801,33 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
   release_kv<Cfg>(&s.v_empty[last.stage], p);
 }
 
-// What a block does in bf16/fp16 (overlapped_blocks): FA2's online softmax, O_i in real units.
+// What a block does in bf16/fp16 (overlapped_blocks): FA2's online softmax, O_i in real units;
+// at d <= 128 blocks 1, 2, ... take their max last (kSpeculativeMax, settle_speculation).
 template <class Cfg, int D, typename T, class Smem>
 struct HalfBlocks {
+  static constexpr bool kSpeculative = Cfg::kSpeculativeMax;
   Smem& s;
-  float scale_log2, rescale_log2;
+  const Params<T>& p;
+  const Tile& t;
+  int wg_row0;
+  float p_limit = exp2f(p.rescale_log2);  // the largest P_ij a block keeps without moving m_i
+  Speculation sp;
   __device__ void begin(int) {}
+  __device__ bool first_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+    return online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, p.scale_log2, p.rescale_log2);
+  }
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-    return online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, scale_log2, rescale_log2);
+    if constexpr (kSpeculative) {
+      exps_against_running_max<Cfg>(S, m, p.scale_log2, sp);
+      return false;
+    } else {
+      return first_softmax(S, m, l, alpha);
+    }
+  }
+  __device__ bool settle(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
+                         float (&l)[2], float (&alpha)[2], int j) {
+    return settle_speculation<Cfg, D>(S, P_op, m, l, alpha, sp, p.scale_log2, p.rescale_log2, p_limit, p, t,
+                                      wg_row0, j);
   }
   __device__ void to_units(float (&)[2]) {}
   __device__ void to_operand(const float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
@@ -734,7 +891,7 @@ __device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTa
     if constexpr (!Cfg::kWarpSpecialized)
       __syncthreads();  // 06a: every thread saw this tile's Q_i arrive before thread 0 loads the next
   } else if (t.n_blocks > 0) {
-    HalfBlocks<Cfg, D, T, Smem> blocks{s, p.scale_log2, p.rescale_log2};
+    HalfBlocks<Cfg, D, T, Smem> blocks{s, p, t, wg_row0};
     overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
   }
   write_output<D, T>(O, m, l, t.bh, wg_row0, p);
@@ -929,6 +1086,8 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, kv_box_rows, kBytes, Cfg::kSwizzle);
   p.o = static_cast<T*>(tensors.o);
   p.lse = tensors.lse;
+  p.q = static_cast<const T*>(tensors.q);
+  p.k = static_cast<const T*>(tensors.k);
   set_problem<Cfg>(p, pr, sizeof(T));
   p.rescale_log2 = rescale_log2;
 

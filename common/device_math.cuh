@@ -34,6 +34,13 @@ __device__ inline float exp2_approx(float x) {
   return y;
 }
 
+// log2(x) on the special-function unit, one MUFU.LG2 (log2(0) = -inf).
+__device__ inline float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two fp32 values -> one register of two bf16 / fp16, lo in the low half (the lower column
 // index, as mma and wgmma fragments expect).
 template <typename T>

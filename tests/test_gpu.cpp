@@ -144,34 +144,32 @@ TEST_F(Gpu, NaiveSoftmaxOverflowsAndSafeSoftmaxDoesNot) {
   }
 }
 
-// Lazy rescaling (05, 06d): a warp keeps its running max m_i, and skips the rescale of O_i,
-// until some row max has grown by more than 8 in log2 units (P by 2^8). Random inputs
-// rarely move the max after the first blocks; here every query sees scores that climb along
-// the keys (3 sqrt(j) nats, a fresh jump of 10-25 nats per block early on and of 3-5 late),
-// so blocks alternate between "keep m_i" (P up to 2^8: an fp16 overflow if the bound were
-// wrong) and "rescale". Both dtypes, both masks, every head dim, Nk not a multiple of a tile.
-TEST_F(Gpu, ScoresClimbingAlongTheKeysRescaleExactly) {
+// Q = 1 and row j of K = score(j) / (scale d) (+ the random fill / 50), so that query i and
+// key j meet with a score of about score(j) nats; every rung except 01 (which subtracts no
+// max) against fp64, both dtypes, both masks, every head dim, Nk not a multiple of a tile,
+// GQA, and Nq not a multiple of a query tile.
+template <class ScoreOfKey>
+void expect_key_scores_handled(cudaStream_t stream, ScoreOfKey score) {
   for (DType t : {DType::bf16, DType::fp16})
     for (int d : {64, 128, 256})
       for (bool causal : {false, true}) {
         AttnProblem p;
         p.dtype = t;
         p.B = 1;
-        p.H = p.Hkv = 2;
+        p.H = 2;
+        p.Hkv = 1;
         p.Nq = 300;
         p.Nk = 1000;
         p.d = d;
         p.causal = causal;
-        ProblemInputs in(p, 31 + d, Fill::normal, 0.f, 1.f, stream_, true);
-        // Q = 1; row j of K = r_j (+ the random fill / 50), so that a score is
-        // scale * d * r_j ~ 3 sqrt(j) nats.
+        ProblemInputs in(p, 31 + d, Fill::normal, 0.f, 1.f, stream, true);
         auto to_raw = [&](float x) {
           return t == DType::bf16 ? __bfloat16_as_ushort(__float2bfloat16(x)) : __half_as_ushort(__float2half(x));
         };
         std::vector<uint16_t> q(p.q_elems(), to_raw(1.f)), k(p.kv_elems());
         for (int64_t e = 0; e < p.kv_elems(); ++e) {  // in.host.k: the random fill, kept on the host
           const int j = int(e / d % p.Nk);
-          k[e] = to_raw(3.f * std::sqrt(float(j)) / (p.softmax_scale() * d) + in.host.k[e] / 50.f);
+          k[e] = to_raw(float(score(j)) / (p.softmax_scale() * d) + in.host.k[e] / 50.f);
         }
         CUDA_CHECK(cudaMemcpy(in.q.get(), q.data(), q.size() * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(in.k.get(), k.data(), k.size() * 2, cudaMemcpyHostToDevice));
@@ -180,12 +178,29 @@ TEST_F(Gpu, ScoresClimbingAlongTheKeysRescaleExactly) {
         std::vector<RowIndex> rows = all_rows(p);
         ReferenceRows ref = reference_rows(p, in.host, rows);
         for (const Stage& s : registry()) {
-          // 01 subtracts no max: exp(95) overflows fp32 (the test above shows it on purpose).
           if (!runs_here(s, p) || s.name == "01_naive") continue;
           SCOPED_TRACE(s.name + " on " + p.describe());
-          expect_matches_reference(s, run_rung(s, in, stream_), in, rows, ref, stream_);
+          expect_matches_reference(s, run_rung(s, in, stream), in, rows, ref, stream);
         }
       }
+}
+
+// Lazy rescaling (05, 06d): a warp keeps its running max m_i, and skips the rescale of O_i,
+// until some row max has grown by more than 8 in log2 units (P by 2^8). Random inputs
+// rarely move the max after the first blocks; here the scores climb along the keys
+// (3 sqrt(j) nats, a fresh jump of 10-25 nats per block early on and of 3-5 late), so
+// blocks alternate between "keep m_i" (P up to 2^8: an fp16 overflow if the bound were
+// wrong) and "rescale".
+TEST_F(Gpu, ScoresClimbingAlongTheKeysRescaleExactly) {
+  expect_key_scores_handled(stream_, [](int j) { return 3.0 * std::sqrt(double(j)); });
+}
+
+// 06d at d <= 128 exponentiates a block against the running max before it knows the
+// block's max (fa3_kernel.cuh: settle_speculation). Scores that jump by 100 nats (144 in
+// log2 units) at keys 400 and 800 overflow those P to inf: the warp must recompute its
+// scores and take the exact path, twice per row.
+TEST_F(Gpu, ScoresJumpingPastTheRunningMaxRecomputeExactly) {
+  expect_key_scores_handled(stream_, [](int j) { return 100.0 * ((j >= 400) + (j >= 800)); });
 }
 
 TEST_F(Gpu, RefusedProblemsLaunchNothing) {
