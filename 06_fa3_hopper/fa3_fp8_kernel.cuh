@@ -157,11 +157,13 @@ struct Fp8Blocks {
     s_log2 = q_log2 * p.k_scale[kv_base + j];
     v_scale_next = p.v_scale[kv_base + j];
   }
-  static constexpr bool kSpeculative = false;  // the max first, every block (overlapped_blocks)
-  // O_i changes units every block (V's block scales), so it is rescaled every block.
+  // The max first in every block (taking it last, as 06d does, was slower here: 06 README,
+  // Tried (FP8)).
+  static constexpr bool kSpeculative = false;
   __device__ bool first_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     return softmax(S, m, l, alpha);
   }
+  // O_i changes units every block (V's block scales), so it is rescaled every block.
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     // Scores dequantized by q_scale * k_scale_j, folded into s_log2; P_ij times 2^8.
     online_softmax<Cfg, /*kLazy=*/false>(S, m, l, alpha, s_log2, 0.f, Cfg::kPOffsetLog2);

@@ -477,15 +477,20 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
 
 // ---------------------------------------------------------------------------------------
 // 06d's softmax of blocks j >= 1, max last (kSpeculativeMax). online_softmax takes the
-// block's row max first: ~90 dependent FMNMX and shuffles before the first exponential, on
-// the critical path from the warpgroup's P V landing to its next GEMMs. With lazy rescaling
-// the max almost never moves m_i, so 06d exponentiates against the running max m_i right
-// away, P_ij = 2^(S_ij s_log2 - m_i), and takes the max of P_ij as the exponentials come out
-// (FMNMX in the gaps of the MUFU stream). Only where a row's P_ij exceeds 2^rescale_log2 (its
-// max grew by more than rescale_log2) is there more to do, and then it is exact arithmetic:
-// m_new = m_i + log2(max P_ij), and P_ij, rowsum(P_ij) times 2^(m_i - m_new). A score past the
-// running max by 128 or more in log2 units overflows P to inf; then the warp recomputes its
-// scores from Q and K in global memory and takes online_softmax's path.
+// block's row max first: ~90 dependent FMNMX and shuffles before the first
+// exponential, on the critical path from the warpgroup's P V landing to its next GEMMs.
+// With lazy rescaling the max almost never moves m_i, so the block is exponentiated against
+// the running max right away, P_ij = 2^(S_ij s_log2 - m_i + p_offset), and the max of P_ij is
+// taken as the exponentials come out (FMNMX in the gaps of the MUFU stream). Only where a
+// row's P exceeds p_limit (its max grew by more than rescale_log2) is there more to do, and
+// it is exact arithmetic: m_new = m_i + log2(max P_ij) - p_offset, then P_ij and rowsum(P_ij)
+// times 2^(m_i - m_new). A score past the running max by ~128 in log2 units overflows P to
+// inf; then the warp recomputes its scores from Q and K in global memory and takes
+// online_softmax's path (the Blocks' first_softmax). What the caller's Blocks provide:
+//   sp, p_limit, rescale_log2, p_offset_log2   the state and the bounds below
+//   first_softmax(S, m, l, alpha)               online_softmax of block j, exact
+//   recompute(S, j)                             S = Q_i K_jᵀ from global memory (raw scores)
+//   to_operand(S, P_op)                         P as the P V's A operand
 // ---------------------------------------------------------------------------------------
 
 struct Speculation {
@@ -496,11 +501,11 @@ struct Speculation {
 
 template <class Cfg>
 __device__ void exps_against_running_max(float (&S)[Cfg::B_c / 2], const float (&m)[2], float s_log2,
-                                         Speculation& sp) {
+                                         float p_offset_log2, Speculation& sp) {
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
     sp.base[slot] = m[slot] == -INFINITY ? 0.f : m[slot];
-    const float shift = -sp.base[slot];
+    const float shift = p_offset_log2 - sp.base[slot];
     float sum[2] = {0.f, 0.f}, mx[2] = {0.f, 0.f};  // two chains each, half as long
 #pragma unroll
     for (int i = 0; i < Cfg::B_c / 8; ++i)
@@ -516,19 +521,33 @@ __device__ void exps_against_running_max(float (&S)[Cfg::B_c / 2], const float (
   }
 }
 
+// The sum of products of the 8 elements (bf16 or fp16) in 16 bytes of a and of b, fp32.
 template <typename T>
-__device__ inline float2 to_float2(uint32_t packed) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
-  else
-    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+__device__ inline float dot8(const uint4& a, const uint4& b) {
+  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+  float dot = 0.f;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    float2 x, y;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wa[w]));
+      y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wb[w]));
+    } else {
+      x = __half22float2(*reinterpret_cast<const __half2*>(&wa[w]));
+      y = __half22float2(*reinterpret_cast<const __half2*>(&wb[w]));
+    }
+    dot = fmaf(x.x, y.x, fmaf(x.y, y.y, dot));
+  }
+  return dot;
 }
 
 // S = Q_i K_jᵀ for this thread's entries of block j, from global memory on the CUDA cores
-// (fp32 sums of the bf16/fp16 products, as the wgmma's). Rows past Nq and keys past Nk get
-// 0, as TMA's zero fill gives them. Only the overflow path runs it: slow and small.
-template <class Cfg, int D, typename T>
-__device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const Params<T>& p, const Tile& t, int wg_row0, int j) {
+// (q: [B*H, Nq, D], k: [B*Hkv, Nk, D]; fp32 sums of the bf16/fp16 products, as the wgmma's).
+// Rows past Nq and keys past Nk get 0, as TMA's zero fill gives them. Only the overflow path
+// runs it: slow and small.
+template <class Cfg, int D, typename T, class Prm>
+__device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const T* q, const T* k, const Prm& p, const Tile& t,
+                                 int wg_row0, int j) {
   const Fragment f;
 #pragma unroll 1
   for (int idx = 0; idx < Cfg::B_c / 2; ++idx) {  // S[idx], idx = 4i + 2 slot + e
@@ -536,18 +555,10 @@ __device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const Params<T>& p, c
     const int row = wg_row0 + f.row[0] + 8 * slot, key = j * Cfg::B_c + 8 * i + f.col_base + e;
     float dot = 0.f;
     if (row < p.Nq && key < p.Nk) {
-      const uint4* q = reinterpret_cast<const uint4*>(p.q + (size_t(t.bh) * p.Nq + row) * D);
-      const uint4* k = reinterpret_cast<const uint4*>(p.k + (size_t(t.kv_head) * p.Nk + key) * D);
+      const uint4* q_row = reinterpret_cast<const uint4*>(q + (size_t(t.bh) * p.Nq + row) * D);
+      const uint4* k_row = reinterpret_cast<const uint4*>(k + (size_t(t.kv_head) * p.Nk + key) * D);
 #pragma unroll 1
-      for (int c = 0; c < D / 8; ++c) {
-        const uint4 a = q[c], b = k[c];
-        const uint32_t qa[4] = {a.x, a.y, a.z, a.w}, kb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const float2 x = to_float2<T>(qa[w]), y = to_float2<T>(kb[w]);
-          dot = fmaf(x.x, y.x, fmaf(x.y, y.y, dot));
-        }
-      }
+      for (int c = 0; c < D / 8; ++c) dot += dot8<T>(q_row[c], k_row[c]);
     }
 #pragma unroll
     for (int x = 0; x < Cfg::B_c / 2; ++x)  // S stays in registers: constant indices only
@@ -556,34 +567,35 @@ __device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const Params<T>& p, c
 }
 
 // After exps_against_running_max and the speculative to_operand: settle l_i, m_i and alpha
-// (as online_softmax leaves them); returns whether O_i must be rescaled by alpha. Rows
-// whose P stayed <= p_limit = 2^rescale_log2 are done (the common case: one vote per warp).
-template <class Cfg, int D, typename T>
+// (as online_softmax leaves them: alpha = 1 for a row whose m_i stayed); returns whether
+// some row's m_i moved. Rows whose P stayed <= p_limit are done (one vote per warp).
+template <class Cfg, class Blocks, class Prm>
 __device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
-                                   float (&l)[2], float (&alpha)[2], const Speculation& sp, float s_log2,
-                                   float rescale_log2, float p_limit, const Params<T>& p, const Tile& t,
-                                   int wg_row0, int j) {
+                                   float (&l)[2], float (&alpha)[2], Blocks& b, const Prm& p, int wg_row0, int j) {
+  const Speculation& sp = b.sp;
   // A row with no visible key yet (m_i = -inf) took base 0: any P > 0 must set its m_i.
-  const bool grew = sp.p_max[0] > (m[0] == -INFINITY ? 0.f : p_limit) ||
-                    sp.p_max[1] > (m[1] == -INFINITY ? 0.f : p_limit);
+  const bool grew = sp.p_max[0] > (m[0] == -INFINITY ? 0.f : b.p_limit) ||
+                    sp.p_max[1] > (m[1] == -INFINITY ? 0.f : b.p_limit);
   if (!__any_sync(0xffffffffu, grew)) {
+    alpha[0] = alpha[1] = 1.f;
     l[0] += sp.row_sum[0];
     l[1] += sp.row_sum[1];
     return false;
   }
   if (__any_sync(0xffffffffu, !(sp.p_max[0] <= FLT_MAX && sp.p_max[1] <= FLT_MAX))) {  // P overflowed
-    recompute_scores<Cfg, D>(S, p, t, wg_row0, j);
+    b.recompute(S, j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
-    const bool rescale_o = online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, s_log2, rescale_log2);
-    to_operand<Cfg, T>(S, P_op);
-    return rescale_o;
+    const bool moved = b.first_softmax(S, m, l, alpha);
+    b.to_operand(S, P_op);
+    return moved;
   }
   bool any_moved = false;
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
     // The row's max in the exponent's units (log2 of 0 is -inf: a row of masked keys).
-    const float m_blk = fmaxf(m[slot], sp.base[slot] + log2_approx(quad_max(sp.p_max[slot])));
-    const bool moved = m_blk - m[slot] > rescale_log2;  // the same for the row's four threads
+    const float m_blk =
+        fmaxf(m[slot], sp.base[slot] + log2_approx(quad_max(sp.p_max[slot])) - b.p_offset_log2);
+    const bool moved = m_blk - m[slot] > b.rescale_log2;  // the same for the row's four threads
     float row_sum = sp.row_sum[slot];
     alpha[slot] = 1.f;
     if (moved) {
@@ -599,7 +611,7 @@ __device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cf
     l[slot] = alpha[slot] * l[slot] + row_sum;
     any_moved |= moved;
   }
-  to_operand<Cfg, T>(S, P_op);
+  b.to_operand(S, P_op);
   return any_moved;
 }
 
@@ -806,28 +818,32 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
 template <class Cfg, int D, typename T, class Smem>
 struct HalfBlocks {
   static constexpr bool kSpeculative = Cfg::kSpeculativeMax;
+  static constexpr float p_offset_log2 = 0.f;
   Smem& s;
   const Params<T>& p;
   const Tile& t;
   int wg_row0;
+  float rescale_log2 = p.rescale_log2;
   float p_limit = exp2f(p.rescale_log2);  // the largest P_ij a block keeps without moving m_i
   Speculation sp;
   __device__ void begin(int) {}
   __device__ bool first_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-    return online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, p.scale_log2, p.rescale_log2);
+    return online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, p.scale_log2, rescale_log2);
   }
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     if constexpr (kSpeculative) {
-      exps_against_running_max<Cfg>(S, m, p.scale_log2, sp);
+      exps_against_running_max<Cfg>(S, m, p.scale_log2, p_offset_log2, sp);
       return false;
     } else {
       return first_softmax(S, m, l, alpha);
     }
   }
+  __device__ void recompute(float (&S)[Cfg::B_c / 2], int j) {
+    recompute_scores<Cfg, D>(S, p.q, p.k, p, t, wg_row0, j);
+  }
   __device__ bool settle(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
                          float (&l)[2], float (&alpha)[2], int j) {
-    return settle_speculation<Cfg, D>(S, P_op, m, l, alpha, sp, p.scale_log2, p.rescale_log2, p_limit, p, t,
-                                      wg_row0, j);
+    return settle_speculation<Cfg>(S, P_op, m, l, alpha, *this, p, wg_row0, j);
   }
   __device__ void to_units(float (&)[2]) {}
   __device__ void to_operand(const float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
