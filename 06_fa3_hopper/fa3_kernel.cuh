@@ -126,6 +126,7 @@ struct Params {
   TileOrder order;   // which tile unit u is (common/tile_order.h: longest first with a causal mask)
   float scale_log2;  // softmax scale * log2(e), for exp2
   float rescale_log2;       // 06d's lazy rescaling: O_i is rescaled once a max grows by more (online_softmax)
+  float p_limit;            // 2^rescale_log2: the largest P a block keeps without moving m_i (settle_speculation)
   bool causal;
   bool cta_pairs;     // Schedule::persistent_cta_pairs: clusters of 2 CTAs share K/V loads
   int* unit_counter;  // Schedule::persistent: units past the first round, handed out in turn
@@ -480,17 +481,13 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
 // block's row max first: ~90 dependent FMNMX and shuffles before the first
 // exponential, on the critical path from the warpgroup's P V landing to its next GEMMs.
 // With lazy rescaling the max almost never moves m_i, so the block is exponentiated against
-// the running max right away, P_ij = 2^(S_ij s_log2 - m_i + p_offset), and the max of P_ij is
-// taken as the exponentials come out (FMNMX in the gaps of the MUFU stream). Only where a
-// row's P exceeds p_limit (its max grew by more than rescale_log2) is there more to do, and
-// it is exact arithmetic: m_new = m_i + log2(max P_ij) - p_offset, then P_ij and rowsum(P_ij)
-// times 2^(m_i - m_new). A score past the running max by ~128 in log2 units overflows P to
-// inf; then the warp recomputes its scores from Q and K in global memory and takes
-// online_softmax's path (the Blocks' first_softmax). What the caller's Blocks provide:
-//   sp, p_limit, rescale_log2, p_offset_log2   the state and the bounds below
-//   first_softmax(S, m, l, alpha)               online_softmax of block j, exact
-//   recompute(S, j)                             S = Q_i K_jᵀ from global memory (raw scores)
-//   to_operand(S, P_op)                         P as the P V's A operand
+// the running max right away, P_ij = 2^(S_ij s_log2 - m_i), and the max of P_ij is taken as
+// the exponentials come out (FMNMX in the gaps of the MUFU stream). Only where a row's P
+// exceeds p_limit = 2^rescale_log2 (its max grew by more than the lazy rule allows) is there
+// more to do, and it is exact arithmetic: m_new = m_i + log2(max P_ij), then P_ij and
+// rowsum(P_ij) times 2^(m_i - m_new). A score past the running max by ~128 in log2 units
+// overflows P to inf; then the warp recomputes its scores from Q and K in global memory and
+// takes online_softmax's path.
 // ---------------------------------------------------------------------------------------
 
 struct Speculation {
@@ -501,11 +498,11 @@ struct Speculation {
 
 template <class Cfg>
 __device__ void exps_against_running_max(float (&S)[Cfg::B_c / 2], const float (&m)[2], float s_log2,
-                                         float p_offset_log2, Speculation& sp) {
+                                         Speculation& sp) {
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
     sp.base[slot] = m[slot] == -INFINITY ? 0.f : m[slot];
-    const float shift = p_offset_log2 - sp.base[slot];
+    const float shift = -sp.base[slot];
     float sum[2] = {0.f, 0.f}, mx[2] = {0.f, 0.f};  // two chains each, half as long
 #pragma unroll
     for (int i = 0; i < Cfg::B_c / 8; ++i)
@@ -545,9 +542,8 @@ __device__ inline float dot8(const uint4& a, const uint4& b) {
 // (q: [B*H, Nq, D], k: [B*Hkv, Nk, D]; fp32 sums of the bf16/fp16 products, as the wgmma's).
 // Rows past Nq and keys past Nk get 0, as TMA's zero fill gives them. Only the overflow path
 // runs it: slow and small.
-template <class Cfg, int D, typename T, class Prm>
-__device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const T* q, const T* k, const Prm& p, const Tile& t,
-                                 int wg_row0, int j) {
+template <class Cfg, int D, typename T>
+__device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const Params<T>& p, const Tile& t, int wg_row0, int j) {
   const Fragment f;
 #pragma unroll 1
   for (int idx = 0; idx < Cfg::B_c / 2; ++idx) {  // S[idx], idx = 4i + 2 slot + e
@@ -555,8 +551,8 @@ __device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const T* q, const T* 
     const int row = wg_row0 + f.row[0] + 8 * slot, key = j * Cfg::B_c + 8 * i + f.col_base + e;
     float dot = 0.f;
     if (row < p.Nq && key < p.Nk) {
-      const uint4* q_row = reinterpret_cast<const uint4*>(q + (size_t(t.bh) * p.Nq + row) * D);
-      const uint4* k_row = reinterpret_cast<const uint4*>(k + (size_t(t.kv_head) * p.Nk + key) * D);
+      const uint4* q_row = reinterpret_cast<const uint4*>(p.q + (size_t(t.bh) * p.Nq + row) * D);
+      const uint4* k_row = reinterpret_cast<const uint4*>(p.k + (size_t(t.kv_head) * p.Nk + key) * D);
 #pragma unroll 1
       for (int c = 0; c < D / 8; ++c) dot += dot8<T>(q_row[c], k_row[c]);
     }
@@ -567,35 +563,33 @@ __device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const T* q, const T* 
 }
 
 // After exps_against_running_max and the speculative to_operand: settle l_i, m_i and alpha
-// (as online_softmax leaves them: alpha = 1 for a row whose m_i stayed); returns whether
-// some row's m_i moved. Rows whose P stayed <= p_limit are done (one vote per warp).
-template <class Cfg, class Blocks, class Prm>
+// (as online_softmax leaves them); returns whether O_i must be rescaled by alpha (1 for a
+// row whose m_i stayed). Rows whose P stayed <= p_limit are done (one vote per warp).
+template <class Cfg, int D, typename T>
 __device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
-                                   float (&l)[2], float (&alpha)[2], Blocks& b, const Prm& p, int wg_row0, int j) {
-  const Speculation& sp = b.sp;
+                                   float (&l)[2], float (&alpha)[2], const Speculation& sp, const Params<T>& p,
+                                   const Tile& t, int wg_row0, int j) {
   // A row with no visible key yet (m_i = -inf) took base 0: any P > 0 must set its m_i.
-  const bool grew = sp.p_max[0] > (m[0] == -INFINITY ? 0.f : b.p_limit) ||
-                    sp.p_max[1] > (m[1] == -INFINITY ? 0.f : b.p_limit);
+  const bool grew = sp.p_max[0] > (m[0] == -INFINITY ? 0.f : p.p_limit) ||
+                    sp.p_max[1] > (m[1] == -INFINITY ? 0.f : p.p_limit);
   if (!__any_sync(0xffffffffu, grew)) {
-    alpha[0] = alpha[1] = 1.f;
     l[0] += sp.row_sum[0];
     l[1] += sp.row_sum[1];
     return false;
   }
   if (__any_sync(0xffffffffu, !(sp.p_max[0] <= FLT_MAX && sp.p_max[1] <= FLT_MAX))) {  // P overflowed
-    b.recompute(S, j);
+    recompute_scores<Cfg, D>(S, p, t, wg_row0, j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
-    const bool moved = b.first_softmax(S, m, l, alpha);
-    b.to_operand(S, P_op);
-    return moved;
+    const bool rescale_o = online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, p.scale_log2, p.rescale_log2);
+    to_operand<Cfg, T>(S, P_op);
+    return rescale_o;
   }
   bool any_moved = false;
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
     // The row's max in the exponent's units (log2 of 0 is -inf: a row of masked keys).
-    const float m_blk =
-        fmaxf(m[slot], sp.base[slot] + log2_approx(quad_max(sp.p_max[slot])) - b.p_offset_log2);
-    const bool moved = m_blk - m[slot] > b.rescale_log2;  // the same for the row's four threads
+    const float m_blk = fmaxf(m[slot], sp.base[slot] + log2_approx(quad_max(sp.p_max[slot])));
+    const bool moved = m_blk - m[slot] > p.rescale_log2;  // the same for the row's four threads
     float row_sum = sp.row_sum[slot];
     alpha[slot] = 1.f;
     if (moved) {
@@ -611,7 +605,7 @@ __device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cf
     l[slot] = alpha[slot] * l[slot] + row_sum;
     any_moved |= moved;
   }
-  b.to_operand(S, P_op);
+  to_operand<Cfg, T>(S, P_op);
   return any_moved;
 }
 
@@ -818,32 +812,26 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
 template <class Cfg, int D, typename T, class Smem>
 struct HalfBlocks {
   static constexpr bool kSpeculative = Cfg::kSpeculativeMax;
-  static constexpr float p_offset_log2 = 0.f;
   Smem& s;
   const Params<T>& p;
   const Tile& t;
   int wg_row0;
-  float rescale_log2 = p.rescale_log2;
-  float p_limit = exp2f(p.rescale_log2);  // the largest P_ij a block keeps without moving m_i
-  Speculation sp;
+  Speculation sp;  // kSpeculative: softmax -> settle
   __device__ void begin(int) {}
   __device__ bool first_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-    return online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, p.scale_log2, rescale_log2);
+    return online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, p.scale_log2, p.rescale_log2);
   }
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     if constexpr (kSpeculative) {
-      exps_against_running_max<Cfg>(S, m, p.scale_log2, p_offset_log2, sp);
+      exps_against_running_max<Cfg>(S, m, p.scale_log2, sp);
       return false;
     } else {
       return first_softmax(S, m, l, alpha);
     }
   }
-  __device__ void recompute(float (&S)[Cfg::B_c / 2], int j) {
-    recompute_scores<Cfg, D>(S, p.q, p.k, p, t, wg_row0, j);
-  }
   __device__ bool settle(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
                          float (&l)[2], float (&alpha)[2], int j) {
-    return settle_speculation<Cfg>(S, P_op, m, l, alpha, *this, p, wg_row0, j);
+    return settle_speculation<Cfg, D>(S, P_op, m, l, alpha, sp, p, t, wg_row0, j);
   }
   __device__ void to_units(float (&)[2]) {}
   __device__ void to_operand(const float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
@@ -1106,6 +1094,7 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   p.k = static_cast<const T*>(tensors.k);
   set_problem<Cfg>(p, pr, sizeof(T));
   p.rescale_log2 = rescale_log2;
+  p.p_limit = std::exp2(rescale_log2);
 
   if (!p.cta_pairs) {
     const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
