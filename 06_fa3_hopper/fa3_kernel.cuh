@@ -486,8 +486,8 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
 // exceeds p_limit = 2^rescale_log2 (its max grew by more than the lazy rule allows) is there
 // more to do, and it is exact arithmetic: m_new = m_i + log2(max P_ij), then P_ij and
 // rowsum(P_ij) times 2^(m_i - m_new). A score past the running max by ~128 in log2 units
-// overflows P to inf; then the warp recomputes its scores from Q and K in global memory and
-// takes online_softmax's path.
+// (less where several such keys add up) overflows P or its row sum to inf; then the warp
+// recomputes its scores from Q and K in global memory and takes online_softmax's path.
 // ---------------------------------------------------------------------------------------
 
 struct Speculation {
@@ -577,7 +577,9 @@ __device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cf
     l[1] += sp.row_sum[1];
     return false;
   }
-  if (__any_sync(0xffffffffu, !(sp.p_max[0] <= FLT_MAX && sp.p_max[1] <= FLT_MAX))) {  // P overflowed
+  // P, or this thread's sum of it, overflowed (P >= 0, so a finite sum means finite P): a
+  // P of 2^125 is still a number, but 44 of them sum to inf.
+  if (__any_sync(0xffffffffu, !(sp.row_sum[0] <= FLT_MAX && sp.row_sum[1] <= FLT_MAX))) {
     recompute_scores<Cfg, D>(S, p, t, wg_row0, j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
     const bool rescale_o = online_softmax<Cfg, /*kLazy=*/true>(S, m, l, alpha, p.scale_log2, p.rescale_log2);

@@ -198,9 +198,12 @@ TEST_F(Gpu, ScoresClimbingAlongTheKeysRescaleExactly) {
 // 06d at d <= 128 exponentiates a block against the running max before it knows the
 // block's max (fa3_kernel.cuh: settle_speculation). Scores that jump by 100 nats (144 in
 // log2 units) at keys 400 and 800 overflow those P to inf: the warp must recompute its
-// scores and take the exact path, twice per row.
+// scores and take the exact path, twice per row. A jump of 87 nats (125.5 in log2 units)
+// leaves each P finite, but a thread's sum of the ~30 jumped P of its row overflows: the
+// same path, found from the sum.
 TEST_F(Gpu, ScoresJumpingPastTheRunningMaxRecomputeExactly) {
   expect_key_scores_handled(stream_, [](int j) { return 100.0 * ((j >= 400) + (j >= 800)); });
+  expect_key_scores_handled(stream_, [](int j) { return 87.0 * ((j >= 400) + (j >= 800)); });
 }
 
 TEST_F(Gpu, RefusedProblemsLaunchNothing) {
