@@ -410,6 +410,16 @@ __device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
   return key_end > p.Nk || (p.causal && key_end - 1 > wg_row0 + (p.Nk - p.Nq));
 }
 
+// f(e, S[x]) for each of this thread's entries of row `slot` (Fragment), in column order;
+// e = 0, 1 alternates along the row, so a caller may keep two accumulator chains.
+template <class Cfg, class F>
+__device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
+#pragma unroll
+  for (int i = 0; i < Cfg::B_c / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) f(e, S[4 * i + 2 * slot + e]);
+}
+
 // Online softmax of one block (FA2 Algorithm 1, lines 8-10), base 2:
 //   m_i^new = max(m_i, rowmax(S_ij));  P_ij = exp(S_ij - m_i^new) (in place in S);
 //   alpha = exp(m_i - m_i^new);  l_i = alpha l_i + rowsum(P_ij)   (l_i: this thread's part).
@@ -444,14 +454,10 @@ __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&
     m[slot] = m_new;
     const float shift = p_offset_log2 - m_base;
     float row_sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < Cfg::B_c / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& s_ij = S[4 * i + 2 * slot + e];
-        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
-        row_sum += s_ij;
-      }
+    for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) {
+      s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
+      row_sum += s_ij;
+    });
     l[slot] = alpha[slot] * l[slot] + row_sum;
   }
   return any_moved;
@@ -504,15 +510,11 @@ __device__ void exps_against_running_max(float (&S)[Cfg::B_c / 2], const float (
     sp.base[slot] = m[slot] == -INFINITY ? 0.f : m[slot];
     const float shift = -sp.base[slot];
     float sum[2] = {0.f, 0.f}, mx[2] = {0.f, 0.f};  // two chains each, half as long
-#pragma unroll
-    for (int i = 0; i < Cfg::B_c / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& s_ij = S[4 * i + 2 * slot + e];
-        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
-        sum[e] += s_ij;
-        mx[e] = fmaxf(mx[e], s_ij);
-      }
+    for_each_in_row<Cfg>(S, slot, [&](int e, float& s_ij) {  // online_softmax's exponentials
+      s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
+      sum[e] += s_ij;
+      mx[e] = fmaxf(mx[e], s_ij);
+    });
     sp.row_sum[slot] = sum[0] + sum[1];
     sp.p_max[slot] = fmaxf(mx[0], mx[1]);
   }
@@ -596,10 +598,7 @@ __device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cf
     alpha[slot] = 1.f;
     if (moved) {
       const float to_new = exp2_approx(sp.base[slot] - m_blk);
-#pragma unroll
-      for (int i = 0; i < Cfg::B_c / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) S[4 * i + 2 * slot + e] *= to_new;
+      for_each_in_row<Cfg>(S, slot, [&](int, float& p_ij) { p_ij *= to_new; });
       row_sum *= to_new;
       alpha[slot] = exp2_approx(m[slot] - m_blk);  // 0 from m_i = -inf
       m[slot] = m_blk;
