@@ -56,19 +56,24 @@ struct Config {
   static constexpr bool kWarpSpecialized = warp_specialized(V);
   // Ping-pong in 06c; 06d keeps it where the softmax is a large share of the work (d <= 128):
   // at d = 256 the P V GEMM dominates and forced turns only add waiting (as FA3 does).
-  static constexpr bool kPingpong = V == Variant::pingpong || (V == Variant::fa3 && D <= 128);
-  static constexpr bool kIntraOverlap = V == Variant::fa3;
+  static constexpr bool kPingpong = V == Variant::pingpong || (is_06d(V) && D <= 128);
+  static constexpr bool kIntraOverlap = is_06d(V);
   // Hold the wait for the in-flight P V until the softmax is done (overlapped_blocks), so
   // that the softmax really runs under it. Measured on an H100 (README): faster at d = 256
   // only. At d = 128 with the ping-pong, ptxas then spills O and serializes the wgmma
   // (C7512, set off by TurnTaking::finish's barrier after the tile loop); with the turns on
   // mbarriers it compiles, and at d <= 128 it is no faster (README, Tried).
-  static constexpr bool kSoftmaxUnderPv = V == Variant::fa3 && D == 256;
+  static constexpr bool kSoftmaxUnderPv = is_06d(V) && D == 256;
   // 06d's softmax of blocks 1, 2, ... exponentiates against the running max m_i and takes the
   // block's max from P afterwards, off the softmax's critical path (settle_speculation): at
   // d <= 128, where each warpgroup's softmax sits between its own P V and its next GEMMs.
-  static constexpr bool kSpeculativeMax = V == Variant::fa3 && D <= 128;
-  static constexpr bool kMayPairCtas = V == Variant::fa3;  // 06d may run Schedule::persistent_cta_pairs
+  static constexpr bool kSpeculativeMax = is_06d(V) && D <= 128;
+  // The CTA pairs' code (Schedule::persistent_cta_pairs: the cluster rank, arrivals on the
+  // peer's empty barriers) only where a launch may use it: 06d without it is 1-5 % faster at
+  // d <= 128 (H100, README: What the compiler made of it), its releases no longer reading the
+  // cluster rank. At d = 256 06d keeps it: without it ptxas spills O and serializes the
+  // wgmma (C7512), so 06d_cta_pairs runs 06d's instance there (instance_for).
+  static constexpr bool kMayPairCtas = V == Variant::fa3_cta_pairs || (V == Variant::fa3 && D == 256);
 
   static constexpr int kWgThreads = 128;                                      // threads per warpgroup
   static constexpr int kConsumers = consumer_warpgroups(V, D);                // consumer warpgroups
@@ -1085,6 +1090,8 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   p.q_map = make_tensor_map_3d(tensors.q, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kBytes, Cfg::kSwizzle);
   // CTA pairs share every K/V block, so both tiles of a pair must read the same blocks: a
   // causal mask (different diagonal per Q block) runs without them.
+  if (schedule == Schedule::persistent_cta_pairs && !Cfg::kMayPairCtas)
+    throw AttnError("06_fa3_hopper: this kernel instance has no CTA pairs' code (Variant::fa3_cta_pairs has)");
   p.cta_pairs = Cfg::kMayPairCtas && schedule == Schedule::persistent_cta_pairs && !pr.causal;
   const int kv_box_rows = p.cta_pairs ? Cfg::B_c / 2 : Cfg::B_c;  // each CTA of a pair loads half
   p.k_map = make_tensor_map_3d(tensors.k, kType, pr.B * pr.Hkv, pr.Nk, D, kv_box_rows, kBytes, Cfg::kSwizzle);

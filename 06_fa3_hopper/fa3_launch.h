@@ -14,9 +14,15 @@ enum class Variant {
   warp_specialized,  // 06b: producer warpgroup streams K/V through a ring; two consumer warpgroups compute
   pingpong,          // 06c: named barriers alternate the consumers' GEMMs, so one's softmax hides the other's
   fa3,               // 06d: + intra-warpgroup overlap: S_(j+1) and P_j V_j in flight during the softmax
+  fa3_cta_pairs,     // 06d built with the CTA pairs' code too (the ablation 06d_cta_pairs)
 };
 
 constexpr bool warp_specialized(Variant v) { return v != Variant::tma_wgmma; }
+// 06d and its CTA-pairs build: one kernel, but for the pairs' code (Config::kMayPairCtas).
+constexpr bool is_06d(Variant v) { return v == Variant::fa3 || v == Variant::fa3_cta_pairs; }
+// The kernel instance that runs variant v at head dim d: at d = 256 06d's own instance
+// carries the pairs' code, so 06d_cta_pairs runs it there instead of a copy of its own.
+constexpr Variant instance_for(Variant v, int d) { return v == Variant::fa3_cta_pairs && d == 256 ? Variant::fa3 : v; }
 
 // Query rows per wgmma (its fixed M) = rows per consumer warpgroup.
 constexpr int kWarpgroupRows = 64;
@@ -63,7 +69,7 @@ enum class Schedule {
                          // The ablation 06d_cta_pairs; no faster than `persistent` (README).
 };
 
-// One instantiation per (variant, d, element type): fa3_<variant>.cu.in.
+// One instantiation per (variant, d, element type): fa3_<variant>.cu.in (instance_for above).
 template <Variant V, int D, typename T>
 // rescale_log2: 06d's lazy rescaling threshold (kRescaleLog2); -inf rescales O_i every block,
 // as FA3 does (the ablation 06d_eager_rescale). 06a-c always do.

@@ -41,9 +41,9 @@ LaunchFn for_dtype(DType t) {
 template <Variant V>
 LaunchFn kernel_for(const AttnProblem& p) {
   switch (p.d) {
-    case 64: return for_dtype<V, 64>(p.dtype);
-    case 128: return for_dtype<V, 128>(p.dtype);
-    default: return for_dtype<V, 256>(p.dtype);
+    case 64: return for_dtype<fa3::instance_for(V, 64), 64>(p.dtype);
+    case 128: return for_dtype<fa3::instance_for(V, 128), 128>(p.dtype);
+    default: return for_dtype<fa3::instance_for(V, 256), 256>(p.dtype);
   }
 }
 
@@ -154,11 +154,12 @@ std::vector<Stage> fa3_stages() {
       make_stage<Variant::fa3, persistent>(
           "06d_fa3", "06c_pingpong",
           "intra-warpgroup overlap: next QK^T and this PV issued together; lazy rescaling; persistent CTAs"),
-      // Ablations of 06d's schedule (same kernel): one tile per CTA, as 06a-c; persistent
-      // clusters of two CTAs that share each K/V block (TMA multicast; no faster, README).
+      // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
+      // clusters of two CTAs that share each K/V block (TMA multicast; no faster, README),
+      // whose kernel adds the pairs' code to 06d's (Variant::fa3_cta_pairs).
       make_stage<Variant::fa3, one_tile>("06d_one_tile_per_cta", "06d_fa3",
                                          "06d without persistent CTAs: one tile per CTA, no overlap across tiles"),
-      make_stage<Variant::fa3, cta_pairs_unless_causal>(
+      make_stage<Variant::fa3_cta_pairs, cta_pairs_unless_causal>(
           "06d_cta_pairs", "06d_fa3", "06d in CTA pairs: each K/V block loaded once per pair of Q blocks (multicast)"),
       // Ablation of 06d's lazy rescaling: O_i rescaled after every block, as in FA3.
       make_stage<Variant::fa3, persistent, /*kEagerRescale=*/true>(
