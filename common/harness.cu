@@ -8,12 +8,9 @@
 #include <cstdio>
 #include <sstream>
 
+#include "attn_git_sha.h"  // ATTN_GIT_SHA, written at build time (cmake/git_sha.cmake)
 #include "common/check.h"
 #include "common/hbm_model.h"
-
-#ifndef ATTN_GIT_SHA
-#define ATTN_GIT_SHA "unknown"
-#endif
 
 namespace attn {
 
