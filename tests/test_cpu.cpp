@@ -469,6 +469,25 @@ TEST(Fa3Budgets, ConsumersTakeOnlyWhatTheProducerGaveBack) {
   EXPECT_TRUE(fa3::setmaxnreg_budgets_fit(2, 40, 232));
 }
 
+TEST(Fa3Instances, CtaPairsRunTheirOwnKernelExceptAtD256) {
+  using fa3::Variant;
+  // 06d_cta_pairs: its own instance (with the pairs' code) at d = 64 and 128, where 06d has
+  // none (CMakeLists.txt builds fa3_06d_cta_pairs for those only); 06d's at d = 256.
+  EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 64), Variant::fa3_cta_pairs);
+  EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 128), Variant::fa3_cta_pairs);
+  EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 256), Variant::fa3);
+  for (int d : {64, 128, 256})
+    for (Variant v : {Variant::tma_wgmma, Variant::warp_specialized, Variant::pingpong, Variant::fa3})
+      EXPECT_EQ(fa3::instance_for(v, d), v) << "d = " << d;
+  // The pairs' build is 06d in everything else: the same tiles.
+  EXPECT_TRUE(fa3::is_06d(Variant::fa3_cta_pairs));
+  EXPECT_FALSE(fa3::is_06d(Variant::pingpong));
+  for (int d : {64, 128, 256}) {
+    EXPECT_EQ(fa3::block_rows(Variant::fa3_cta_pairs, d), fa3::block_rows(Variant::fa3, d));
+    EXPECT_EQ(fa3::block_cols(Variant::fa3_cta_pairs, d), fa3::block_cols(Variant::fa3, d));
+  }
+}
+
 TEST(Fp8Model, WgmmaKeyPositionMakesAccumulatorPairsOperandQuads) {
   // A permutation inside every 32 keys...
   for (int group = 0; group < 4; ++group) {
