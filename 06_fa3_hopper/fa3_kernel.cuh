@@ -68,12 +68,9 @@ struct Config {
   // block's max from P afterwards, off the softmax's critical path (settle_speculation): at
   // d <= 128, where each warpgroup's softmax sits between its own P V and its next GEMMs.
   static constexpr bool kSpeculativeMax = is_06d(V) && D <= 128;
-  // The CTA pairs' code (Schedule::persistent_cta_pairs: the cluster rank, arrivals on the
-  // peer's empty barriers) only where a launch may use it: 06d without it is 1-5 % faster at
-  // d <= 128 (H100, README: What the compiler made of it), its releases no longer reading the
-  // cluster rank. At d = 256 06d keeps it: without it ptxas spills O and serializes the
-  // wgmma (C7512), so 06d_cta_pairs runs 06d's instance there (instance_for).
-  static constexpr bool kMayPairCtas = V == Variant::fa3_cta_pairs || (V == Variant::fa3 && D == 256);
+  // Schedule::persistent_cta_pairs compiled in (has_pairs_code): 06d without it is 0-5 %
+  // faster at d <= 128 (H100), its K/V releases no longer reading the cluster rank.
+  static constexpr bool kMayPairCtas = has_pairs_code(V, D);
 
   static constexpr int kWgThreads = 128;                                      // threads per warpgroup
   static constexpr int kConsumers = consumer_warpgroups(V, D);                // consumer warpgroups
@@ -1092,7 +1089,7 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   // causal mask (different diagonal per Q block) runs without them.
   if (schedule == Schedule::persistent_cta_pairs && !Cfg::kMayPairCtas)
     throw AttnError("06_fa3_hopper: this kernel instance has no CTA pairs' code (Variant::fa3_cta_pairs has)");
-  p.cta_pairs = Cfg::kMayPairCtas && schedule == Schedule::persistent_cta_pairs && !pr.causal;
+  p.cta_pairs = schedule == Schedule::persistent_cta_pairs && !pr.causal;
   const int kv_box_rows = p.cta_pairs ? Cfg::B_c / 2 : Cfg::B_c;  // each CTA of a pair loads half
   p.k_map = make_tensor_map_3d(tensors.k, kType, pr.B * pr.Hkv, pr.Nk, D, kv_box_rows, kBytes, Cfg::kSwizzle);
   p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, kv_box_rows, kBytes, Cfg::kSwizzle);

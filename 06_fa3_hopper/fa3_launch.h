@@ -20,9 +20,17 @@ enum class Variant {
 constexpr bool warp_specialized(Variant v) { return v != Variant::tma_wgmma; }
 // 06d and its CTA-pairs build: one kernel, but for the pairs' code (Config::kMayPairCtas).
 constexpr bool is_06d(Variant v) { return v == Variant::fa3 || v == Variant::fa3_cta_pairs; }
-// The kernel instance that runs variant v at head dim d: at d = 256 06d's own instance
-// carries the pairs' code, so 06d_cta_pairs runs it there instead of a copy of its own.
-constexpr Variant instance_for(Variant v, int d) { return v == Variant::fa3_cta_pairs && d == 256 ? Variant::fa3 : v; }
+// Whether the kernel of variant v at head dim d carries the CTA pairs' code (the cluster
+// rank, arrivals on the peer's empty barriers). 06d runs faster without it (README: What
+// the compiler made of it), except at d = 256, where ptxas spills O without it (C7512).
+constexpr bool has_pairs_code(Variant v, int d) {
+  return v == Variant::fa3_cta_pairs || (v == Variant::fa3 && d == 256);
+}
+// The kernel instance that runs variant v at head dim d: where 06d's own instance carries
+// the pairs' code, 06d_cta_pairs runs it instead of a copy of its own.
+constexpr Variant instance_for(Variant v, int d) {
+  return v == Variant::fa3_cta_pairs && has_pairs_code(Variant::fa3, d) ? Variant::fa3 : v;
+}
 
 // Query rows per wgmma (its fixed M) = rows per consumer warpgroup.
 constexpr int kWarpgroupRows = 64;

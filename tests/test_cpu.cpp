@@ -476,6 +476,10 @@ TEST(Fa3Instances, CtaPairsRunTheirOwnKernelExceptAtD256) {
   EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 64), Variant::fa3_cta_pairs);
   EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 128), Variant::fa3_cta_pairs);
   EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 256), Variant::fa3);
+  for (int d : {64, 128, 256}) {  // whichever instance runs the pairs has their code; 06d's only where it must
+    EXPECT_TRUE(fa3::has_pairs_code(fa3::instance_for(Variant::fa3_cta_pairs, d), d)) << "d = " << d;
+    EXPECT_EQ(fa3::has_pairs_code(Variant::fa3, d), d == 256) << "d = " << d;
+  }
   for (int d : {64, 128, 256})
     for (Variant v : {Variant::tma_wgmma, Variant::warp_specialized, Variant::pingpong, Variant::fa3})
       EXPECT_EQ(fa3::instance_for(v, d), v) << "d = " << d;
