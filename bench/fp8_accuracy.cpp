@@ -1,7 +1,7 @@
 // FA3 Table 3 on this repository's kernels: RMSE against the fp64 reference on the paper's
 // inputs, N(0,1) + N(0,100)·Bernoulli(0.001) for Q, K and V (Fill::outliers).
 //
-//   fp8_accuracy [--csv PATH] [--time]
+//   fp8_accuracy [--csv PATH] [--time | --time-only]
 //
 // Rows: standard attention in fp16 (02), FA2 fp16 (05), FA3 fp16 (06d), and the four FP8
 // stages (per-tensor baseline, full, without block quantization, without incoherent
@@ -10,7 +10,7 @@
 // alongside.
 // --time: the FP8 launch, its pre-kernel alone and its attention kernel alone (on the
 // workspace the pre-kernel filled), next to 06d bf16, on the paper sweep's long sequences
-// (N = 8192, 16384; H = 2048 / d; non-causal).
+// (N = 8192, 16384; H = 2048 / d; non-causal). --time-only: that, without the RMSE table.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -132,15 +132,18 @@ void timing(std::FILE* out, cudaStream_t stream) {
 
 int main(int argc, char** argv) {
   std::string csv_path;
-  bool time_it = false;
+  bool time_it = false, accuracy_too = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--csv" && i + 1 < argc) {
       csv_path = argv[++i];
     } else if (a == "--time") {
       time_it = true;
+    } else if (a == "--time-only") {
+      time_it = true;
+      accuracy_too = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--csv PATH] [--time]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--csv PATH] [--time | --time-only]\n", argv[0]);
       return 2;
     }
   }
@@ -155,7 +158,7 @@ int main(int argc, char** argv) {
       if (!csv) throw std::runtime_error("cannot write " + csv_path);
       csv << "method,rung,dtype,B,H,N,d,rmse,rel_err\n";
     }
-    accuracy(stdout, csv_path.empty() ? nullptr : &csv, stream);
+    if (accuracy_too) accuracy(stdout, csv_path.empty() ? nullptr : &csv, stream);
     if (time_it) timing(stdout, stream);
     CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
