@@ -62,18 +62,20 @@ struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout
 
   static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
   static_assert(kWarpgroupRows * D % 1024 == 0 && B_c * D % 1024 == 0, "every tile starts on a whole swizzle atom");
+  static_assert(Fp8Layout<D>::kPvCols * Fp8Layout<D>::kVtChunkKeys % Fp8Layout<D>::kVtAtomBytes == 0,
+                "every V̂ᵀ column chunk, with the row-sum column's rows, starts on a whole swizzle atom");
   static_assert(kWgThreads == 128 && setmaxnreg_budgets_fit(kConsumers, kProducerRegs, kConsumerRegs),
                 "the consumers' registers must come from the producer's");
 };
 
 // Every tile starts on a whole swizzle atom (512 B for the 64-byte swizzle, 1024 B for the
-// 128-byte one): all sizes below are multiples of 4096 bytes.
+// 128-byte one): every array below is a whole number of atoms (static_asserts in Fp8Config).
 template <int D>
 struct alignas(1024) Fp8SharedStorage {
   using Cfg = Fp8Config<D>;
   E4m3 q[Cfg::kConsumers][kWarpgroupRows * D];  // Q̂_i, one 64-row block per consumer
   E4m3 k[Cfg::kStages][Cfg::B_c * D];           // K̂_j ring
-  E4m3 vt[Cfg::kStages][D * Cfg::B_c];          // V̂_jᵀ ring: column chunks of [d][kVtChunkKeys]
+  E4m3 vt[Cfg::kStages][Cfg::kPvCols * Cfg::B_c];  // V̂_jᵀ ring: column chunks of [kPvCols][kVtChunkKeys]
   uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
@@ -97,29 +99,55 @@ struct Fp8Params {
 };
 
 // V̂_jᵀ into ring stage `stage` (the producer's V copy, fa3_kernel.cuh: produce): one box of
-// d rows x kVtChunkKeys keys per column chunk.
+// d rows x kVtChunkKeys keys per column chunk (whose rows d .. d + 7, with the row-sum
+// column, hold init_row_sum_rows's constants and are never loaded).
 template <class Cfg, int D, class Smem>
 __device__ void load_vt(Smem& s, const Fp8Params& p, const Tile& t, int stage, int j) {
   mbarrier_arrive_expect_tx(&s.v_full[stage], Cfg::kKVBytes);
   for (int c = 0; c < Cfg::kVtChunks; ++c)
-    tma_load_3d(&s.vt[stage][c * D * Cfg::kVtChunkKeys], &p.vt_map, j * Cfg::B_c + c * Cfg::kVtChunkKeys, 0,
+    tma_load_3d(&s.vt[stage][c * Cfg::kPvCols * Cfg::kVtChunkKeys], &p.vt_map, j * Cfg::B_c + c * Cfg::kVtChunkKeys, 0,
                 t.kv_head, &s.v_full[stage]);
 }
 
-// O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([d rows][B_c keys]:
-// 128-byte rows at every d, so its own swizzle, not Q̂'s and K̂'s); each K step moves 32 B
-// along the row.
-template <class Cfg, int D>
-__device__ void gemm_pv_fp8(float (&O)[D / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4], const E4m3* Vt_j) {
+// O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([kPvCols rows][B_c keys]:
+// its own swizzle, not Q̂'s and K̂'s); each K step moves 32 B along the row. With the
+// row-sum column (kPvCols = d + 8) the same instructions also add rowsum(P̂_ij) to O_i's
+// column d.
+template <class Cfg>
+__device__ void gemm_pv_fp8(float (&O)[Cfg::kPvCols / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4],
+                            const E4m3* Vt_j) {
   const uint64_t vt_desc = make_smem_desc(Vt_j, /*unused*/ 16, Cfg::kVtAtomBytes, Cfg::kVtSwizzle);
   pin_registers(O);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
-    Wgmma<E4m3, D>::rs(O, P[kk], desc_advance(vt_desc, kmajor_step_offset(kk, Cfg::kK, D, Cfg::kVtSwizzle)),
-                       /*accumulate=*/1);
+    Wgmma<E4m3, Cfg::kPvCols>::rs(
+        O, P[kk], desc_advance(vt_desc, kmajor_step_offset(kk, Cfg::kK, Cfg::kPvCols, Cfg::kVtSwizzle)),
+        /*accumulate=*/1);
   wgmma_commit();
   pin_registers(O);
+}
+
+// The row-sum column's constant rows of every V̂ᵀ ring stage and column chunk, once per CTA:
+// row d all e4m3 1.0 (0x38), rows d + 1 .. d + 7 zero. Row d starts an 8-row swizzle atom,
+// so the swizzle only permutes 16-byte pieces inside each of these rows, all alike. Every
+// thread of the CTA takes a share; the fence hands the writes to the wgmma (async proxy),
+// and init_barriers' __syncthreads to every warp.
+template <class Cfg, int D, class Smem>
+__device__ void init_row_sum_rows(Smem& s) {
+  if constexpr (Cfg::kRowSumColumn) {
+    constexpr int kPiecesPerRow = Cfg::kVtChunkKeys / 16;  // 16-byte pieces
+    constexpr int kPiecesPerChunk = 8 * kPiecesPerRow;
+    constexpr int kPieces = Cfg::kStages * Cfg::kVtChunks * kPiecesPerChunk;
+    constexpr uint32_t kOnes = 0x38383838u;  // four e4m3 1.0
+    for (int i = threadIdx.x; i < kPieces; i += blockDim.x) {
+      const int chunk = i / kPiecesPerChunk, piece = i % kPiecesPerChunk;
+      E4m3* rows = &s.vt[chunk / Cfg::kVtChunks][((chunk % Cfg::kVtChunks) * Cfg::kPvCols + D) * Cfg::kVtChunkKeys];
+      const uint32_t w = piece < kPiecesPerRow ? kOnes : 0u;
+      reinterpret_cast<uint4*>(rows)[piece] = make_uint4(w, w, w, w);
+    }
+    fence_proxy_async_shared();
+  }
 }
 
 // P (fp32 accumulator layout) -> the e4m3 A operand of the P V QGMMA. Per K step of 32 keys
@@ -139,6 +167,14 @@ __device__ void to_operand_fp8(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[
     }
 }
 
+// O_i's first d columns, as write_output and rescale take them (the accumulator may have the
+// row-sum column's 8 more).
+template <int D, int N>
+__device__ inline float (&o_columns(float (&O)[N]))[D / 2] {
+  static_assert(N >= D / 2);
+  return *reinterpret_cast<float(*)[D / 2]>(&O[0]);
+}
+
 // What a block does in FP8 (overlapped_blocks in fa3_kernel.cuh): the softmax dequantizes
 // Ŝ_ij with q_scale * k_scale_j, and O_i is kept in units of the scale of the last V_j whose
 // P V was issued, moved to V_j's units with the rescale the softmax does anyway
@@ -151,6 +187,11 @@ struct Fp8Blocks {
   float q_log2;        // this warpgroup's q_scale times the softmax scale times log2(e)
   float s_log2 = 0.f, v_scale_next = 0.f;  // block j's, read by begin(j)
   float v_scale_cur;                       // the units O_i is kept in
+  // With the row-sum column: l_i up to the last P V that has landed, in fp32 registers. Each
+  // P V's column d holds one block's rowsum(P̂) and is moved here and zeroed once it lands
+  // (rescale): the QGMMA's accumulation keeps fewer bits than fp32 (measured: l_i summed over
+  // all blocks in the accumulator raised the RMSE at d = 128 from 9.06e-3 to 1.33e-2).
+  float l_landed[2] = {0.f, 0.f};
   __device__ Fp8Blocks(Smem& s_, const Fp8Params& p_, int kv_base_, float q_scale)
       : s(s_), p(p_), kv_base(kv_base_), q_log2(q_scale * p_.scale_log2), v_scale_cur(p_.v_scale[kv_base_]) {}
   __device__ void begin(int j) {
@@ -166,20 +207,54 @@ struct Fp8Blocks {
   // O_i changes units every block (V's block scales), so it is rescaled every block.
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     // Scores dequantized by q_scale * k_scale_j, folded into s_log2; P_ij times 2^8.
-    online_softmax<Cfg, /*kLazy=*/false>(S, m, l, alpha, s_log2, 0.f, Cfg::kPOffsetLog2);
+    if constexpr (Cfg::kRowSumColumn)
+      exps_without_row_sums(S, m, alpha);  // l_i: the P V's column d
+    else
+      online_softmax<Cfg, /*kLazy=*/false>(S, m, l, alpha, s_log2, 0.f, Cfg::kPOffsetLog2);
     return true;
   }
-  __device__ void to_units(float (&alpha)[2]) {
+  // online_softmax without l_i's update: m_i, alpha and P_ij = 2^8 exp(S_ij - m_i) in place.
+  __device__ void exps_without_row_sums(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&alpha)[2]) {
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) {
+      const float m_new = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
+      const float m_base = m_new == -INFINITY ? 0.f : m_new;  // as online_softmax
+      alpha[slot] = exp2_approx(m[slot] - m_base);
+      m[slot] = m_new;
+      const float shift = float(Cfg::kPOffsetLog2) - m_base;
+      for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) { s_ij = exp2_approx(fmaf(s_ij, s_log2, shift)); });
+    }
+  }
+  // O_i *= alpha, and into V_j's units: alpha * v_scale_(j-1) / v_scale_j. The row-sum
+  // column's block sum joins l_i, which takes alpha alone, and the column starts again at 0.
+  __device__ void rescale(float (&O)[Cfg::kPvCols / 2], const float (&alpha)[2]) {
     const float to_next = v_scale_cur / v_scale_next;
-    alpha[0] *= to_next;
-    alpha[1] *= to_next;
     v_scale_cur = v_scale_next;
+    const float o_factor[2] = {alpha[0] * to_next, alpha[1] * to_next};
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)  // as fa3::rescale, on the first d columns
+#pragma unroll
+      for (int e = 0; e < 4; ++e) O[4 * i + e] *= o_factor[e / 2];
+    if constexpr (Cfg::kRowSumColumn) {
+#pragma unroll
+      for (int slot = 0; slot < 2; ++slot) {
+        l_landed[slot] = alpha[slot] * (l_landed[slot] + O[D / 2 + 2 * slot]);
+        O[D / 2 + 2 * slot] *= 0.f;  // (an assignment of 0 makes ptxas spill)
+      }
+    }
+  }
+  // After the last P V: l_i, this thread's part (zero but in the first lane of each quad).
+  __device__ void final_row_sums(const float (&O)[Cfg::kPvCols / 2], float (&l)[2]) const {
+    if constexpr (Cfg::kRowSumColumn) {
+      l[0] = l_landed[0] + O[D / 2];
+      l[1] = l_landed[1] + O[D / 2 + 2];
+    }
   }
   __device__ void to_operand(const float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
     to_operand_fp8<Cfg>(S, P_op);
   }
-  __device__ void pv(float (&O)[D / 2], const uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], int stage) {
-    gemm_pv_fp8<Cfg, D>(O, P_op, s.vt[stage]);
+  __device__ void pv(float (&O)[Cfg::kPvCols / 2], const uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], int stage) {
+    gemm_pv_fp8<Cfg>(O, P_op, s.vt[stage]);
   }
 };
 
@@ -193,24 +268,29 @@ __device__ void consume_fp8(Smem& s, const Fp8Params& p, const Tile& t, const Tu
   Fp8Blocks<Cfg, D, Smem> blocks(s, p, t.kv_head * p.kv_blocks,
                                  p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)]);
 
-  float O[D / 2];                     // O_i accumulator, in units of blocks.v_scale_cur
+  float O[Cfg::kPvCols / 2];          // O_i accumulator, in units of blocks.v_scale_cur (+ row sums)
   uint32_t P_op[Cfg::B_c / Cfg::kK][4];  // P_ij as the e4m3 A operand
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) O[i] = 0.f;
+  for (int i = 0; i < Cfg::kPvCols / 2; ++i) O[i] = 0.f;
 
   if (t.n_blocks == 0)
     release_q_after<Cfg>(s, t, -1);  // a tile with no visible K/V block never reads Q̂_i
   else
-    overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
+    overlapped_blocks<Cfg, Cfg::kPvCols>(s, p, t, turn, wg_row0, O, P_op, m, l, blocks);
+  // With the row-sum column, l_i: the first lane of each quad holds it (column d of rows r
+  // and r + 8), the other three columns d + 2 .. d + 7, zero, so write_output's quad sum
+  // adds zeros to it.
+  blocks.final_row_sums(O, l);
+  float (&O_d)[D / 2] = o_columns<D>(O);
   // Back to real units: O_i times the last v_scale, and the 2^8 of P out of O_i and l_i
   // (exact: a power of two), so that write_output's O / l and lse = m + log l hold.
   const float o_units[2] = {blocks.v_scale_cur / kPOffset, blocks.v_scale_cur / kPOffset};
-  rescale<D>(O, o_units);
+  rescale<D>(O_d, o_units);
   l[0] /= kPOffset;
   l[1] /= kPOffset;
-  write_output<D, __nv_bfloat16>(O, m, l, t.bh, wg_row0, p);
+  write_output<D, __nv_bfloat16>(O_d, m, l, t.bh, wg_row0, p);
   timeline_mark(t.seq, Mark::output_done);
 }
 
@@ -220,6 +300,7 @@ __global__ void __launch_bounds__(Fp8Config<D>::kThreads, 1) fa3_fp8_forward(con
   using Smem = Fp8SharedStorage<D>;
   extern __shared__ uint8_t smem_raw[];
   Smem& s = aligned_shared<Smem>(smem_raw);
+  init_row_sum_rows<Cfg, D>(s);
   init_barriers<Cfg>(s);
 
   warp_specialized_cta<Cfg>(

@@ -40,7 +40,7 @@ using namespace attn::hopper;
 // last: the tool sizes its table by it.
 enum class Mark {
   q_issued, q_ready, block0_done, loop_done, last_pv_done, output_done,
-  block_begin, gemms_issued, s_landed, pv_landed, block_end
+  block_begin, k_ready, turn_taken, s_issued, gemms_issued, s_landed, pv_landed, block_end
 };
 #ifndef FA3_TIMELINE
 __device__ inline void timeline_mark(int /*tile seq*/, Mark) {}
@@ -741,15 +741,16 @@ __device__ void qk_and_wait(float (&S)[Cfg::B_c / 2], Smem& s, const Prm& p, con
 //                               its scales here, so their loads overlap the waits)
 //   softmax(S, m, l, alpha)     online softmax of block j's scores, in place; returns
 //                               whether O_i must be rescaled by alpha
-//   to_units(alpha)             just before O_i *= alpha (the FP8 path moves O_i into
-//                               the units of V_j's scale)
+//   rescale(O, alpha)           O_i *= alpha, once the P V has landed (the FP8 path also
+//                               moves O_i into the units of V_j's scale)
 //   to_operand(S, P_op)         P_ij as the A operand of the P V wgmma
 //   pv(O, P_op, stage)          issue O_i += P V of the block in ring stage `stage`
+// kOCols: columns of the O_i accumulator, d (FP8: d + 8 with the row-sum column).
 // ---------------------------------------------------------------------------------------
 
-template <class Cfg, int D, class Smem, class Prm, class Blocks>
+template <class Cfg, int kOCols, class Smem, class Prm, class Blocks>
 __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const TurnTaking<Cfg>& turn, int wg_row0,
-                                  float (&O)[D / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
+                                  float (&O)[kOCols / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
                                   float (&l)[2], Blocks& blocks) {
   const auto* Q_i = s.q[turn.wg];
   float S[Cfg::B_c / 2];  // S_ij, then P_ij in place
@@ -768,8 +769,11 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1), meant to run during the softmax
     // below (the P V only where the fence holds it there: kSoftmaxUnderPv).
     mbarrier_wait(&s.k_full[cur.stage], cur.phase);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::k_ready);
     turn.wait_turn();
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::turn_taken);
     gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::s_issued);
     mbarrier_wait(&s.v_full[prev.stage], prev.phase);
     blocks.pv(O, P_op, prev.stage);
     turn.pass_turn();
@@ -792,10 +796,7 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
       blocks.to_operand(S, P_op);  // as if no row max grew; settle redoes it where one did
       rescale_o = blocks.settle(S, P_op, m, l, alpha, j);
     }
-    if (rescale_o) {
-      blocks.to_units(alpha);
-      rescale<D>(O, alpha);
-    }
+    if (rescale_o) blocks.rescale(O, alpha);
     if constexpr (!Blocks::kSpeculative) blocks.to_operand(S, P_op);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_end);
   }
@@ -836,7 +837,7 @@ struct HalfBlocks {
                          float (&l)[2], float (&alpha)[2], int j) {
     return settle_speculation<Cfg, D>(S, P_op, m, l, alpha, sp, p, t, wg_row0, j);
   }
-  __device__ void to_units(float (&)[2]) {}
+  __device__ void rescale(float (&O)[D / 2], const float (&alpha)[2]) { fa3::rescale<D>(O, alpha); }
   __device__ void to_operand(const float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
     fa3::to_operand<Cfg, T>(S, P_op);
   }

@@ -53,6 +53,21 @@ namespace {
 
 using namespace attn;
 
+const char* mark_name(attn::fa3::Mark m) {
+  using M = attn::fa3::Mark;
+  switch (m) {
+    case M::block_begin: return "block_begin";
+    case M::k_ready: return "k_ready";
+    case M::turn_taken: return "turn_taken";
+    case M::s_issued: return "s_issued";
+    case M::gemms_issued: return "gemms_issued";
+    case M::s_landed: return "s_landed";
+    case M::pv_landed: return "pv_landed";
+    case M::block_end: return "block_end";
+    default: return "?";
+  }
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -104,7 +119,10 @@ int report(const char* name, const AttnProblem& p, Launch&& launch) {
   };
   const Phase& whole_tile = tile_phases[4];
   const Phase block_phases[] = {
-      {"K_j, the turn; issue S_ij and P V_j-1", M::block_begin, M::gemms_issued, false},
+      {"K_j ready", M::block_begin, M::k_ready, false},
+      {"the turn", M::k_ready, M::turn_taken, false},
+      {"issue S_ij", M::turn_taken, M::s_issued, false},
+      {"V_j-1 ready, issue P V_j-1", M::s_issued, M::gemms_issued, false},
       {"S_ij = Q_i K_j^T lands", M::gemms_issued, M::s_landed, false},
       {"P V_j-1 lands, softmax of S_ij", M::s_landed, M::pv_landed, false},
       {"rescale O_i, P_ij -> operand", M::pv_landed, M::block_end, false},
@@ -143,6 +161,19 @@ int report(const char* name, const AttnProblem& p, Launch&& launch) {
   line("each of blocks 1 .. n-1", median(steady));
   std::printf("the middle K/V block (j = %d), step by step:\n", n_blocks / 2);
   for (const Phase& ph : block_phases) line(ph.name, medians(ph));
+  // Where the other consumer warpgroup is: its marks of the same block, relative to this
+  // one's block_begin (consumer 2 against consumer 1, and 1 against 2 one block later).
+  if (Cfg::kConsumers >= 2) {
+    std::printf("consumer 2's marks of the middle block, cycles after consumer 1's block_begin:\n");
+    for (M m : {M::block_begin, M::k_ready, M::turn_taken, M::s_issued, M::gemms_issued, M::s_landed, M::pv_landed,
+                M::block_end}) {
+      std::vector<double> v;
+      each_tile([&](int c, int seq, int role) {
+        if (role == 1) v.push_back(mark(c, seq, 2, m) - mark(c, seq, 1, M::block_begin));
+      });
+      std::printf("  %-14s %8.0f\n", mark_name(m), median(v));
+    }
+  }
   const double blocks_us = n_blocks * median(steady) / cyc_per_us, tile_us = medians(whole_tile) / cyc_per_us;
   std::printf("a tile beyond n x (one steady block): %.2f us of %.2f (%.1f %%)\n", tile_us - blocks_us, tile_us,
               100 * (tile_us - blocks_us) / tile_us);
