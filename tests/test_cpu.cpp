@@ -402,7 +402,8 @@ void expect_fp8_layout_consistent() {
   SCOPED_TRACE("fp8 d = " + std::to_string(D));
   expect_kmajor_tile_consistent("Q̂_i", D, 64, L::kK, L::kAtomBytes, L::kSwizzle);
   expect_kmajor_tile_consistent("K̂_j", D, L::B_c, L::kK, L::kAtomBytes, L::kSwizzle);
-  expect_kmajor_tile_consistent("V̂_jᵀ", L::B_c, D, L::kK, L::kVtAtomBytes, L::kVtSwizzle);
+  // V̂ᵀ chunks are kPvCols rows apart (d, or d + 8 with the row-sum column's rows after V's).
+  expect_kmajor_tile_consistent("V̂_jᵀ", L::B_c, L::kPvCols, L::kK, L::kVtAtomBytes, L::kVtSwizzle);
 }
 
 }  // namespace
@@ -439,6 +440,17 @@ TEST(Swizzle, Fp8TileLayoutsPerHeadDim) {
   EXPECT_EQ(L128::kVtSwizzle, Swizzle::b64);
   EXPECT_EQ(L128::kVtChunks, 3);
   EXPECT_EQ(hopper::kmajor_step_offset(2, 32, 128, Swizzle::b64), 128u * 64);  // third K step: second chunk
+  // The row-sum column: P V has N = d + 8 where that is a QGMMA shape (N <= 256), and the 8
+  // constant rows start a swizzle atom of every chunk, so the swizzle leaves them whole rows.
+  EXPECT_TRUE(L64::kRowSumColumn);
+  EXPECT_EQ(L64::kPvCols, 72);
+  EXPECT_TRUE(L128::kRowSumColumn);
+  EXPECT_EQ(L128::kPvCols, 136);
+  EXPECT_FALSE(fa3::Fp8Layout<256>::kRowSumColumn);
+  EXPECT_EQ(fa3::Fp8Layout<256>::kPvCols, 256);
+  EXPECT_EQ(64 * hopper::row_bytes(L64::kVtSwizzle) % L64::kVtAtomBytes, 0);
+  EXPECT_EQ(128 * hopper::row_bytes(L128::kVtSwizzle) % L128::kVtAtomBytes, 0);
+  EXPECT_EQ(hopper::kmajor_step_offset(2, 32, L128::kPvCols, Swizzle::b64), 136u * 64);  // chunks 136 rows apart
 }
 
 TEST(Swizzle, WgmmaReadsWhatTmaWrote) {
