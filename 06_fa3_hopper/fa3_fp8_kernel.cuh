@@ -15,6 +15,8 @@
 //     P is 256, so small probabilities stay normal numbers); l_i carries the same factor;
 //   - V's block scale: O_i is kept in units of the current block's v_scale_j, converted
 //     with the rescale that the online softmax does anyway (alpha * v_scale_(j-1) / v_scale_j).
+//   - at d = 64 and 128 the P V QGMMA also sums P's rows (Fp8Layout::kRowSumColumn: V̂ᵀ in
+//     shared memory has a row of ones after its d rows), so the softmax adds no row sums.
 //
 // Included only by the generated instance TUs (fa3_fp8.cu.in).
 #pragma once
