@@ -208,24 +208,11 @@ struct Fp8Blocks {
   }
   // O_i changes units every block (V's block scales), so it is rescaled every block.
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-    // Scores dequantized by q_scale * k_scale_j, folded into s_log2; P_ij times 2^8.
-    if constexpr (Cfg::kRowSumColumn)
-      exps_without_row_sums(S, m, alpha);  // l_i: the P V's column d
-    else
-      online_softmax<Cfg, /*kLazy=*/false>(S, m, l, alpha, s_log2, 0.f, Cfg::kPOffsetLog2);
+    // Scores dequantized by q_scale * k_scale_j, folded into s_log2; P_ij times 2^8. With
+    // the row-sum column, l_i comes from the P V (rescale, final_row_sums), not from here.
+    online_softmax<Cfg, /*kLazy=*/false, /*kRowSums=*/!Cfg::kRowSumColumn>(S, m, l, alpha, s_log2, 0.f,
+                                                                           Cfg::kPOffsetLog2);
     return true;
-  }
-  // online_softmax without l_i's update: m_i, alpha and P_ij = 2^8 exp(S_ij - m_i) in place.
-  __device__ void exps_without_row_sums(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&alpha)[2]) {
-#pragma unroll
-    for (int slot = 0; slot < 2; ++slot) {
-      const float m_new = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
-      const float m_base = m_new == -INFINITY ? 0.f : m_new;  // as online_softmax
-      alpha[slot] = exp2_approx(m[slot] - m_base);
-      m[slot] = m_new;
-      const float shift = float(Cfg::kPOffsetLog2) - m_base;
-      for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) { s_ij = exp2_approx(fmaf(s_ij, s_log2, shift)); });
-    }
   }
   // O_i *= alpha, and into V_j's units: alpha * v_scale_(j-1) / v_scale_j. The row-sum
   // column's block sum joins l_i, which takes alpha alone, and the column starts again at 0.
@@ -233,10 +220,7 @@ struct Fp8Blocks {
     const float to_next = v_scale_cur / v_scale_next;
     v_scale_cur = v_scale_next;
     const float o_factor[2] = {alpha[0] * to_next, alpha[1] * to_next};
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i)  // as fa3::rescale, on the first d columns
-#pragma unroll
-      for (int e = 0; e < 4; ++e) O[4 * i + e] *= o_factor[e / 2];
+    fa3::rescale<D>(o_columns<D>(O), o_factor);
     if constexpr (Cfg::kRowSumColumn) {
 #pragma unroll
       for (int slot = 0; slot < 2; ++slot) {

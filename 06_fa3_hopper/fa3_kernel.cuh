@@ -439,7 +439,9 @@ __device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
 // a row agree). The decision is per row, not per warp: a warp vote would make every
 // exponential wait for both rows' maxima and the vote, which the 06d schedule, with the
 // softmax on its critical path, pays for (measured: 5-8 % at d <= 128).
-template <class Cfg, bool kLazy>
+// kRowSums = false (the FP8 kernel's row-sum column, where the P V GEMM sums P's rows): l_i
+// is left alone.
+template <class Cfg, bool kLazy, bool kRowSums = true>
 __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                float s_log2, float rescale_log2, float p_offset_log2 = 0.f) {
   bool any_moved = false;
@@ -458,9 +460,9 @@ __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&
     float row_sum = 0.f;
     for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) {
       s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
-      row_sum += s_ij;
+      if constexpr (kRowSums) row_sum += s_ij;
     });
-    l[slot] = alpha[slot] * l[slot] + row_sum;
+    if constexpr (kRowSums) l[slot] = alpha[slot] * l[slot] + row_sum;
   }
   return any_moved;
 }

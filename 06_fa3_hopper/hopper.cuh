@@ -165,10 +165,10 @@ __device__ inline uint64_t make_smem_desc(const void* tile, uint32_t leading_byt
 // Advance a descriptor's start address by `bytes` (16-byte units live in bits 0-13).
 __device__ inline uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
-// Order earlier register writes (accumulators, A fragments) before the next wgmma.
 // Shared-memory writes of this thread (generic proxy) made visible to later wgmma and TMA
 // reads (async proxy); a barrier then orders them for the other threads.
 __device__ inline void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Order earlier register writes (accumulators, A fragments) before the next wgmma.
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 // Close the wgmmas issued so far into one group.
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

@@ -161,8 +161,8 @@ int report(const char* name, const AttnProblem& p, Launch&& launch) {
   line("each of blocks 1 .. n-1", median(steady));
   std::printf("the middle K/V block (j = %d), step by step:\n", n_blocks / 2);
   for (const Phase& ph : block_phases) line(ph.name, medians(ph));
-  // Where the other consumer warpgroup is: its marks of the same block, relative to this
-  // one's block_begin (consumer 2 against consumer 1, and 1 against 2 one block later).
+  // Where the other consumer warpgroup is: consumer 2's marks of the middle block, relative
+  // to consumer 1's block_begin.
   if (Cfg::kConsumers >= 2) {
     std::printf("consumer 2's marks of the middle block, cycles after consumer 1's block_begin:\n");
     for (M m : {M::block_begin, M::k_ready, M::turn_taken, M::s_issued, M::gemms_issued, M::s_landed, M::pv_landed,

@@ -1,7 +1,8 @@
 // Does a running QGMMA of another warpgroup slow the FP8 softmax? WG 0 runs the d = 128 softmax
-// (sm2's mode 31) in a loop and times it; WG 1 (MODE 1) issues S-like QGMMA SS 64x192x32 x4
-// (accumulators in its registers) back to back until WG 0 is done; MODE 2: RS P V-like 64x128x32 x6.
+// (softmax_pieces.cu, mode 31) in a loop and times it; WG 1 issues QGMMA SS 64xNx32 x4
+// (accumulators in its registers) back to back until WG 0 is done. Usage: softmax_beside_gemm N (0: alone).
 #include <cstdio>
+#include <cstdlib>
 #include "06_fa3_hopper/fa3_fp8_kernel.cuh"
 using namespace attn::fa3;
 using namespace attn;
@@ -40,37 +41,26 @@ __global__ void __launch_bounds__(256, 1) k(float* out, long long* cyc, long lon
     for (int i = 0; i < Cfg::B_c / Cfg::kK; ++i) r += P_op[i][0];
     out[blockIdx.x * blockDim.x + threadIdx.x] = r;
     if (threadIdx.x == 0) { cyc[blockIdx.x] = t1 - t0; atomicExch(&s.done, 1); }
-  } else if (MODE > 0) {
-    float A[96];
-    for (int i = 0; i < 96; ++i) A[i] = 0.f;
-    uint32_t P[6][4] = {};
+  } else if constexpr (MODE > 0) {
+    float A[MODE / 2];
+    for (int i = 0; i < MODE / 2; ++i) A[i] = 0.f;
     long long n = 0;
     const uint64_t q_desc = make_smem_desc(s.q, 16, 1024, Swizzle::b128);
     const uint64_t k_desc = make_smem_desc(s.k, 16, 1024, Swizzle::b128);
-    const uint64_t v_desc = make_smem_desc(s.v, 16, 512, Swizzle::b64);
     while (*reinterpret_cast<volatile int*>(&s.done) == 0) {
-      if (MODE == 1) {
+      if (true) {
         pin_registers(A);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          Wgmma<E4m3, 192>::ss(A, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, 32 * kk), kk > 0);
+          Wgmma<E4m3, MODE>::ss(A, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, 32 * kk), kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
         pin_registers(A);
-      } else {
-        float (&O)[64] = *reinterpret_cast<float(*)[64]>(&A[0]);
-        pin_registers(O);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 6; ++kk) Wgmma<E4m3, 128>::rs(O, P[kk], desc_advance(v_desc, 32 * (kk % 2) + 8192 * (kk / 2)), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin_registers(O);
       }
       ++n;
     }
-    float r = 0; for (int i = 0; i < 96; ++i) r += A[i];
+    float r = 0; for (int i = 0; i < MODE / 2; ++i) r += A[i];
     out[blockIdx.x * blockDim.x + threadIdx.x] = r;
     if (threadIdx.x == 128) gemms[blockIdx.x] = n;
   }
@@ -87,8 +77,11 @@ template <int MODE> void run(const char* name) {
   printf("%-44s softmax %5.0f cycles per block; other WG's GEMM groups meanwhile %lld (%.0f cycles each) %s\n", name,
          double(h) / kIters, g, g ? double(h) / g : 0.0, e ? cudaGetErrorString(e) : "");
 }
-int main() {
-  run<0>("softmax alone (other WG idle)");
-  run<1>("beside S-like QGMMA SS 64x192x32 x4");
-  run<2>("beside P V-like QGMMA RS 64x128x32 x6");
+int main(int argc, char** argv) {
+  const int n = argc > 1 ? atoi(argv[1]) : 0;
+  if (n == 0) run<0>("softmax alone (other WG idle)");
+  if (n == 64) run<64>("beside QGMMA SS 64x64x32 x4");
+  if (n == 128) run<128>("beside QGMMA SS 64x128x32 x4");
+  if (n == 192) run<192>("beside QGMMA SS 64x192x32 x4");
+  if (n == 256) run<256>("beside QGMMA SS 64x256x32 x4");
 }
