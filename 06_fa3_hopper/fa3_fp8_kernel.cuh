@@ -60,7 +60,13 @@ struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout
   static constexpr int kTurnBarrier = 1;
   static constexpr bool kMayPairCtas = false;  // one CTA per cluster (Fp8Params::cta_pairs)
   static constexpr int kPOffsetLog2 = 8;  // P = 2^8 exp(S - m): up to 256 of e4m3's 448
-  static constexpr bool kSoftmaxUnderPv = D == 256;  // measured faster only there (at d = 128: README, Tried (FP8))
+  // Where the softmax runs against the P V issued before it (overlapped_blocks), measured on
+  // an H100 (README, FP8): all of it under the P V at d = 256 (slower at d = 128: Tried
+  // (FP8)); all of it after the P V's wait at d = 128; at d = 64 where ptxas puts the wait,
+  // after block_max's branch, so the row maxima under the P V and the exponentials after
+  // (at d = 128 3 % slower than all after, at d = 64 2 % faster).
+  static constexpr bool kSoftmaxUnderPv = D == 256;
+  static constexpr bool kPvWaitFirst = D == 128;
 
   static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
   static_assert(kWarpgroupRows * D % 1024 == 0 && B_c * D % 1024 == 0, "every tile starts on a whole swizzle atom");
@@ -210,8 +216,8 @@ struct Fp8Blocks {
   __device__ bool softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     // Scores dequantized by q_scale * k_scale_j, folded into s_log2; P_ij times 2^8. With
     // the row-sum column, l_i comes from the P V (rescale, final_row_sums), not from here.
-    online_softmax<Cfg, /*kLazy=*/false, /*kRowSums=*/!Cfg::kRowSumColumn>(S, m, l, alpha, s_log2, 0.f,
-                                                                           Cfg::kPOffsetLog2);
+    online_softmax<Cfg, /*kLazy=*/false, /*kRowSums=*/!Cfg::kRowSumColumn, /*kIntMax=*/true>(
+        S, m, l, alpha, s_log2, 0.f, Cfg::kPOffsetLog2);
     return true;
   }
   // O_i *= alpha, and into V_j's units: alpha * v_scale_(j-1) / v_scale_j. The row-sum

@@ -64,6 +64,7 @@ struct Config {
   // (C7512, set off by TurnTaking::finish's barrier after the tile loop); with the turns on
   // mbarriers it compiles, and at d <= 128 it is no faster (README, Tried).
   static constexpr bool kSoftmaxUnderPv = is_06d(V) && D == 256;
+  static constexpr bool kPvWaitFirst = false;  // FP8 at d = 128 (Fp8Config)
   // 06d's softmax of blocks 1, 2, ... exponentiates against the running max m_i and takes the
   // block's max from P afterwards, off the softmax's critical path (settle_speculation): at
   // d <= 128, where each warpgroup's softmax sits between its own P V and its next GEMMs.
@@ -391,6 +392,49 @@ __device__ float row_max(const float (&S)[Cfg::B_c / 2], int slot) {
   return quad_max(v[0]);
 }
 
+// Row `slot`'s max over block S as bits: a float's bits read as a signed int order the
+// floats >= 0 correctly and put every negative float below them, so where the row has a
+// score >= 0 this is the bits of its float max, on the integer ALU's three-input max
+// (VIMNMX3): half the instructions of row_max's tree. Where every score is negative it is
+// a negative int and says only that.
+template <class Cfg>
+__device__ int row_max_bits(const float (&S)[Cfg::B_c / 2], int slot) {
+  constexpr int kN = Cfg::B_c / 4;  // this thread's entries of the row
+  int v[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) v[i] = __float_as_int(S[4 * (i / 2) + 2 * slot + i % 2]);
+#pragma unroll
+  for (int w = 1; w < kN; w *= 3)
+#pragma unroll
+    for (int i = 0; i + w < kN; i += 3 * w)
+      v[i] = i + 2 * w < kN ? max(max(v[i], v[i + w]), v[i + 2 * w]) : max(v[i], v[i + w]);
+  v[0] = max(v[0], __shfl_xor_sync(0xffffffffu, v[0], 1));
+  return max(v[0], __shfl_xor_sync(0xffffffffu, v[0], 2));
+}
+
+// Both rows' m_blk = max(m_i, rowmax(S_ij) * s_log2), the running max m_i in the
+// exponent's units (s_log2 > 0). From row_max_bits where that is exact: a row with a score
+// >= 0, or any row whose m_i >= 0 already (its scores' max, negative, cannot pass m_i).
+// Otherwise (a row with no score >= 0 yet: all keys masked, or negative scores only) the
+// warp takes row_max's float tree.
+template <class Cfg>
+__device__ void block_max(const float (&S)[Cfg::B_c / 2], const float (&m)[2], float s_log2, float (&m_blk)[2]) {
+  int bits[2];
+  bool exact = true;
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    bits[slot] = row_max_bits<Cfg>(S, slot);
+    exact &= bits[slot] >= 0 || m[slot] >= 0.f;
+  }
+  if (__all_sync(0xffffffffu, exact)) {
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) m_blk[slot] = fmaxf(m[slot], __int_as_float(bits[slot]) * s_log2);
+  } else {
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) m_blk[slot] = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
+  }
+}
+
 // Keys past Nk (TMA read zeros there) and, causal, keys right of the diagonal get -inf.
 template <class Cfg, class Prm>
 __device__ void mask_block(float (&S)[Cfg::B_c / 2], int j, int wg_row0, const Prm& p) {
@@ -440,15 +484,18 @@ __device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
 // exponential wait for both rows' maxima and the vote, which the 06d schedule, with the
 // softmax on its critical path, pays for (measured: 5-8 % at d <= 128).
 // kRowSums = false (the FP8 kernel's row-sum column, where the P V GEMM sums P's rows): l_i
-// is left alone.
-template <class Cfg, bool kLazy, bool kRowSums = true>
+// is left alone. kIntMax (FP8): the row maxima on the integer ALU (block_max).
+template <class Cfg, bool kLazy, bool kRowSums = true, bool kIntMax = false>
 __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                float s_log2, float rescale_log2, float p_offset_log2 = 0.f) {
   bool any_moved = false;
+  float m_blks[2];  // kIntMax: both rows' max(m_i, rowmax(S_ij)) at once (one vote)
+  if constexpr (kIntMax) block_max<Cfg>(S, m, s_log2, m_blks);
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    const float m_blk = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);  // max(m_i, rowmax(S_ij))
-    const bool moved = !kLazy || m_blk - m[slot] > rescale_log2;           // -inf - (-inf): false
+    // max(m_i, rowmax(S_ij))
+    const float m_blk = kIntMax ? m_blks[slot] : fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
+    const bool moved = !kLazy || m_blk - m[slot] > rescale_log2;  // -inf - (-inf): false
     any_moved |= moved;
     const float m_new = moved ? m_blk : m[slot];
     // A row that has seen only masked keys keeps m = -inf; exponentiate against 0 so
@@ -786,9 +833,11 @@ __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const Tu
     release_kv<Cfg>(&s.k_empty[cur.stage], p);
     release_q_after<Cfg>(s, t, j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
+    if constexpr (Cfg::kPvWaitFirst) wgmma_wait<0>();  // the softmax after the P V, all of it
     bool rescale_o = blocks.softmax(S, m, l, alpha);  // kSpeculative: P against m_i, nothing settled yet
-    // ptxas schedules the wait below as early as it may, above the whole softmax, which
-    // then runs after the P V instead of under it; the fence keeps the softmax first.
+    // ptxas schedules the wait below as early as it may, at the top of the softmax's basic
+    // block (so above the whole softmax, or in FP8 below block_max's branch), and the rest
+    // of the softmax then runs after the P V instead of under it; the fence keeps it first.
     if constexpr (Cfg::kSoftmaxUnderPv) fence_schedule_after(l[0] + l[1]);
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
     pin_registers(O);

@@ -149,8 +149,9 @@ TEST_F(Gpu, NaiveSoftmaxOverflowsAndSafeSoftmaxDoesNot) {
 // max) against fp64, both dtypes, both masks, every head dim, Nk not a multiple of a tile,
 // GQA, and Nq not a multiple of a query tile.
 template <class ScoreOfKey>
-void expect_key_scores_handled(cudaStream_t stream, ScoreOfKey score) {
-  for (DType t : {DType::bf16, DType::fp16})
+void expect_key_scores_handled(cudaStream_t stream, ScoreOfKey score,
+                               std::initializer_list<DType> dtypes = {DType::bf16, DType::fp16}) {
+  for (DType t : dtypes)
     for (int d : {64, 128, 256})
       for (bool causal : {false, true}) {
         AttnProblem p;
@@ -163,8 +164,9 @@ void expect_key_scores_handled(cudaStream_t stream, ScoreOfKey score) {
         p.d = d;
         p.causal = causal;
         ProblemInputs in(p, 31 + d, Fill::normal, 0.f, 1.f, stream, true);
+        const DType stored = storage_dtype(t);  // FP8 problems hold bf16 tensors
         auto to_raw = [&](float x) {
-          return t == DType::bf16 ? __bfloat16_as_ushort(__float2bfloat16(x)) : __half_as_ushort(__float2half(x));
+          return stored == DType::bf16 ? __bfloat16_as_ushort(__float2bfloat16(x)) : __half_as_ushort(__float2half(x));
         };
         std::vector<uint16_t> q(p.q_elems(), to_raw(1.f)), k(p.kv_elems());
         for (int64_t e = 0; e < p.kv_elems(); ++e) {  // in.host.k: the random fill, kept on the host
@@ -173,8 +175,8 @@ void expect_key_scores_handled(cudaStream_t stream, ScoreOfKey score) {
         }
         CUDA_CHECK(cudaMemcpy(in.q.get(), q.data(), q.size() * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(in.k.get(), k.data(), k.size() * 2, cudaMemcpyHostToDevice));
-        in.host.q = to_float(q, t);
-        in.host.k = to_float(k, t);
+        in.host.q = to_float(q, stored);
+        in.host.k = to_float(k, stored);
         std::vector<RowIndex> rows = all_rows(p);
         ReferenceRows ref = reference_rows(p, in.host, rows);
         for (const Stage& s : registry()) {
@@ -204,6 +206,18 @@ TEST_F(Gpu, ScoresClimbingAlongTheKeysRescaleExactly) {
 TEST_F(Gpu, ScoresJumpingPastTheRunningMaxRecomputeExactly) {
   expect_key_scores_handled(stream_, [](int j) { return 100.0 * ((j >= 400) + (j >= 800)); });
   expect_key_scores_handled(stream_, [](int j) { return 87.0 * ((j >= 400) + (j >= 800)); });
+}
+
+// Rows whose scores are all negative, in every block: the 06 kernels take a block's row max
+// on the integer ALU (fa3_kernel.cuh: block_max), which is exact only where a row has a
+// score >= 0 or a running max >= 0 already; here the float max must be taken instead. With
+// the integer one a row's max would be its least score: in 16 bits the keys 200 nats above
+// it would overflow P to inf; in FP8 (small scores only: e4m3 keeps a score to ~6 %), the
+// keys more than 0.56 nats above it would saturate P at 448.
+TEST_F(Gpu, NegativeScoresTakeTheFloatMax) {
+  expect_key_scores_handled(stream_, [](int j) { return j % 2 ? -100.0 : -300.0; });
+  expect_key_scores_handled(stream_, [](int j) { return -1.0 - 3.0 * std::fmod(0.618034 * j, 1.0); },
+                            {DType::fp8_e4m3});
 }
 
 TEST_F(Gpu, RefusedProblemsLaunchNothing) {
