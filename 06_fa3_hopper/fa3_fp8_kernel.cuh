@@ -16,7 +16,8 @@
 //   - V's block scale: O_i is kept in units of the current block's v_scale_j, converted
 //     with the rescale that the online softmax does anyway (alpha * v_scale_(j-1) / v_scale_j).
 //   - at d = 64 and 128 the P V QGMMA also sums P's rows (Fp8Layout::kRowSumColumn: V̂ᵀ in
-//     shared memory has a row of ones after its d rows), so the softmax adds no row sums.
+//     shared memory has a row of ones after its d rows), so the softmax adds no row sums;
+//   - the row maxima on the integer ALU's three-input max (block_max in fa3_kernel.cuh).
 //
 // Included only by the generated instance TUs (fa3_fp8.cu.in).
 #pragma once
