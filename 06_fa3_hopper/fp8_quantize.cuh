@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "06_fa3_hopper/fa3_fp8.h"
@@ -164,7 +165,9 @@ __device__ inline float block_inv_scale(QuantPass pass, float local_amax, const 
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(a.tensor_amax), __float_as_int(amax));  // amax >= 0
     return 0.f;
   }
-  const float scale = amax > 0.f ? amax / kE4m3Max : 1.f;  // an all-zero block keeps scale 1
+  // An all-zero block keeps scale 1; no scale is subnormal (the attention kernel divides two
+  // of them with __fdividef at d = 64: Fp8Config::kFastScaleRatio).
+  const float scale = amax > 0.f ? fmaxf(amax / kE4m3Max, FLT_MIN) : 1.f;
   if (threadIdx.x == 0) a.scale[blockIdx.x] = scale;
   return 1.f / scale;
 }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -35,7 +36,8 @@ std::vector<T> to_host(const char* base, size_t offset, size_t count) {
 }
 
 // Q̂ or K̂ (e4m3 [heads, N, d]) and their scales (one per block of `block_rows`) against the
-// model: y = x M (or x), scale = amax / 448 over the block (or the tensor), and every byte
+// model: y = x M (or x), scale = amax / 448 over the block (or the tensor; at least
+// FLT_MIN, 1 for an all-zero block), and every byte
 // y / scale rounded to nearest.
 void expect_rows_quantized(const char* what, const std::vector<float>& x, const std::vector<uint8_t>& q8,
                            const std::vector<float>& scale, int heads, int N, int d, int block_rows, bool hadamard,
@@ -58,7 +60,7 @@ void expect_rows_quantized(const char* what, const std::vector<float>& x, const 
   int bad = 0;
   for (size_t b = 0; b < block_amax.size(); ++b) {
     const double amax = block_scales ? block_amax[b] : tensor_amax;
-    const double expected = amax > 0 ? amax / fa3::kE4m3Max : 1.0;
+    const double expected = amax > 0 ? std::max(amax / fa3::kE4m3Max, double(FLT_MIN)) : 1.0;
     EXPECT_NEAR(scale[b], expected, 1e-5 * expected) << "scale of block " << b;
   }
   for (size_t i = 0; i < y.size() && bad < 10; ++i) {
