@@ -71,7 +71,9 @@ struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout
   // V's scale ratio in Fp8Blocks::rescale by __fdividef (MUFU.RCP and a multiply) instead of
   // the IEEE division (a check and a branch to a slow path, between the softmax and O's
   // rescale): measured on an H100, 6-7 % faster at d = 64, 4-7 % slower at d = 128 and no
-  // faster at d = 256 (README, FP8). The pre-kernel keeps every scale a normal float.
+  // faster at d = 256 (README, FP8). __fdividef(x, y) is exact to 2 ulp for a normal y
+  // below 2^126: the pre-kernel keeps every scale >= FLT_MIN, and a bf16 amax / 448 stays
+  // below 2^120.
   static constexpr bool kFastScaleRatio = D == 64;
 
   static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
