@@ -367,9 +367,11 @@ struct Fragment {
   }
 };
 
-__device__ inline float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+// The max over a row's four threads: of floats (fmaxf), or of ints (row_max_bits).
+template <typename T>
+__device__ inline T quad_max(T x) {
+  x = max(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ inline float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -408,8 +410,7 @@ __device__ int row_max_bits(const float (&S)[Cfg::B_c / 2], int slot) {
 #pragma unroll
     for (int i = 0; i + w < kN; i += 3 * w)
       v[i] = i + 2 * w < kN ? max(max(v[i], v[i + w]), v[i + 2 * w]) : max(v[i], v[i + w]);
-  v[0] = max(v[0], __shfl_xor_sync(0xffffffffu, v[0], 1));
-  return max(v[0], __shfl_xor_sync(0xffffffffu, v[0], 2));
+  return quad_max(v[0]);
 }
 
 // Both rows' m_blk = max(m_i, rowmax(S_ij) * s_log2), the running max m_i in the
@@ -801,6 +802,7 @@ template <class Cfg, int kOCols, class Smem, class Prm, class Blocks>
 __device__ void overlapped_blocks(Smem& s, const Prm& p, const Tile& t, const TurnTaking<Cfg>& turn, int wg_row0,
                                   float (&O)[kOCols / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
                                   float (&l)[2], Blocks& blocks) {
+  static_assert(!(Cfg::kSoftmaxUnderPv && Cfg::kPvWaitFirst), "the softmax runs under the P V or after it, not both");
   const auto* Q_i = s.q[turn.wg];
   float S[Cfg::B_c / 2];  // S_ij, then P_ij in place
   float alpha[2];         // exp(m_old - m_new), rescales O_i

@@ -208,12 +208,13 @@ TEST_F(Gpu, ScoresJumpingPastTheRunningMaxRecomputeExactly) {
   expect_key_scores_handled(stream_, [](int j) { return 87.0 * ((j >= 400) + (j >= 800)); });
 }
 
-// Rows whose scores are all negative, in every block: the 06 kernels take a block's row max
+// Rows whose scores are all negative, in every block: the FP8 kernel takes a block's row max
 // on the integer ALU (fa3_kernel.cuh: block_max), which is exact only where a row has a
 // score >= 0 or a running max >= 0 already; here the float max must be taken instead. With
-// the integer one a row's max would be its least score: in 16 bits the keys 200 nats above
-// it would overflow P to inf; in FP8 (small scores only: e4m3 keeps a score to ~6 %), the
-// keys more than 0.56 nats above it would saturate P at 448.
+// the integer one a row's max would be its least score, and in FP8 (small scores only: e4m3
+// keeps a score to ~6 %) the keys more than 0.56 nats above it would saturate P at 448. The
+// 16-bit rungs keep the float tree; their case (keys 200 nats above the least score, which
+// would overflow P to inf) holds them to it should online_softmax's kIntMax reach them.
 TEST_F(Gpu, NegativeScoresTakeTheFloatMax) {
   expect_key_scores_handled(stream_, [](int j) { return j % 2 ? -100.0 : -300.0; });
   expect_key_scores_handled(stream_, [](int j) { return -1.0 - 3.0 * std::fmod(0.618034 * j, 1.0); },
