@@ -1038,19 +1038,6 @@ __global__ void __launch_bounds__(Config<V, D, T>::kThreads, 1) fa3_forward(cons
   }
 }
 
-// Once per kernel, at its first launch: opt in to more than 48 KB of dynamic shared memory
-// and ask how many CTAs of it fit on one SM.
-template <auto kKernel>
-int configure_kernel(int threads, size_t smem_bytes) {
-  static const int ctas_per_sm = [=] {
-    CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-    int n = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem_bytes));
-    return std::max(n, 1);
-  }();
-  return ctas_per_sm;
-}
-
 // A launch configuration of `ctas` CTAs in clusters of two (Schedule::persistent_cta_pairs).
 struct PairLaunch {
   cudaLaunchAttribute cluster{};
@@ -1087,10 +1074,7 @@ int max_cta_pairs(int threads, size_t smem_bytes) {
 // Grid size for a schedule: every tile, or as many CTAs as fit on the GPU at once.
 inline unsigned grid_size(long long tiles, Schedule schedule, int ctas_per_sm) {
   if (schedule == Schedule::one_tile_per_cta) return unsigned(tiles);
-  int device = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return unsigned(std::min(tiles, 1LL * sms * ctas_per_sm));
+  return unsigned(std::min(tiles, 1LL * sm_count() * ctas_per_sm));
 }
 
 // Schedule::persistent with a causal mask hands out units from a counter (next_unit): an

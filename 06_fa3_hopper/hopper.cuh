@@ -63,6 +63,31 @@ inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type
 }
 
 // ---------------------------------------------------------------------------------------
+// Host: launch configuration
+// ---------------------------------------------------------------------------------------
+
+// Once per kernel, at its first launch: opt in to more than 48 KB of dynamic shared memory
+// and ask how many CTAs of it fit on one SM.
+template <auto kKernel>
+int configure_kernel(int threads, size_t smem_bytes) {
+  static const int ctas_per_sm = [=] {
+    CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem_bytes));
+    return n > 1 ? n : 1;
+  }();
+  return ctas_per_sm;
+}
+
+// SMs of the current device (persistent grids: a few CTAs per SM).
+inline int sm_count() {
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+// ---------------------------------------------------------------------------------------
 // Device: shared-memory addresses, mbarriers (PTX ISA 9.7.13.15)
 // ---------------------------------------------------------------------------------------
 
@@ -113,6 +138,16 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, in
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];" ::"r"(smem_addr(dst)),
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// A bulk copy (PTX ISA 9.7.9.25, non-tensor): `bytes` contiguous bytes of global memory
+// into shared memory, completing `bytes` on the mbarrier. Addresses and size are multiples
+// of 16 bytes.
+__device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
 

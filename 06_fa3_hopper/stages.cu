@@ -91,9 +91,9 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   s.writes_lse = true;
   s.compute_bound = true;
   s.refuse = [](const AttnProblem& p) -> std::string {
-    const fa3::Fp8Workspace ws(p);  // the pre-kernel: one CTA per scale block of Q, K or V
-    const long long ctas = std::max(ws.q_blocks * p.B * p.H, ws.kv_blocks * p.B * p.Hkv);
-    if (ctas > INT_MAX) return "needs " + std::to_string(ctas) + " CTAs; the 1-D grid holds at most 2^31 - 1";
+    const fa3::Fp8Workspace ws(p);  // the pre-kernel numbers the scale blocks of Q, K or V with an int
+    const long long blocks = std::max(ws.q_blocks * p.B * p.H, ws.kv_blocks * p.B * p.Hkv);
+    if (blocks > INT_MAX) return "needs " + std::to_string(blocks) + " scale blocks; the pre-kernel counts at most 2^31 - 1";
     if (ws.nk_padded * p.d > INT_MAX) return "Nk too long for the transposed V tensor map";
     return "";
   };

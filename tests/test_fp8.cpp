@@ -1,7 +1,8 @@
 // GPU tests of rung 06's FP8 path beyond the ladder tests (which run every fp8 stage against
 // fp64 on the odd shapes, sanitize it and check repeat runs, in test_gpu.cpp):
 //   - the pre-kernel against its host model (tests/fp8_model.h) at every FP8 head dim: the
-//     Hadamard transform, the block scales, the e4m3 rounding and V̂ᵀ's permuted key order;
+//     Hadamard transform, the block scales, the e4m3 rounding and V̂ᵀ's permuted key order,
+//     with one block per CTA and with several (its persistent grid);
 //   - FA3 Table 3 in small: on the paper's outlier inputs, block quantization with
 //     incoherent processing must beat one scale per tensor without it. bench/fp8_accuracy
 //     prints the whole table.
@@ -76,50 +77,77 @@ void expect_rows_quantized(const char* what, const std::vector<float>& x, const 
   }
 }
 
+// The pre-kernel of stage `name` on problem p (its workspace, after one run) against the
+// host model: Q̂, K̂ and their scales, and every byte of V̂ᵀ.
+void expect_pre_kernel_matches_model(const char* name, const AttnProblem& p, cudaStream_t stream) {
+  const Stage& s = find_stage(name);
+  SCOPED_TRACE(std::string(name) + " d = " + std::to_string(p.d) + ", " + p.describe());
+  const bool block_scales = std::string(name) == "06_fp8", hadamard = block_scales;
+  const int d = p.d;
+  ProblemInputs in(p, 71 + d, Fill::normal, 0.f, 1.f, stream, true);
+  RungOutput out = run_rung(s, in, stream);  // the attention kernel only reads the workspace
+  const fa3::Fp8Workspace ws(p);
+  const char* base = static_cast<const char*>(out.workspace.get());
+  const int q_heads = p.B * p.H, kv_heads = p.B * p.Hkv;
+  expect_rows_quantized("Q̂", in.host.q, to_host<uint8_t>(base, ws.q8, p.q_elems()),
+                        to_host<float>(base, ws.q_scale, size_t(q_heads) * ws.q_blocks), q_heads, p.Nq, d,
+                        fa3::kFp8QBlockRows, hadamard, block_scales);
+  expect_rows_quantized("K̂", in.host.k, to_host<uint8_t>(base, ws.k8, p.kv_elems()),
+                        to_host<float>(base, ws.k_scale, size_t(kv_heads) * ws.kv_blocks), kv_heads, p.Nk, d,
+                        ws.block_cols, hadamard, block_scales);
+  // V̂ᵀ [head][dim][key position]: key n of block n / B_c at wgmma_key_position(n % B_c),
+  // V / v_scale rounded (no Hadamard on V); padded keys are zero.
+  const std::vector<uint8_t> vt8 = to_host<uint8_t>(base, ws.vt8, size_t(kv_heads) * d * ws.nk_padded);
+  const std::vector<float> v_scale = to_host<float>(base, ws.v_scale, size_t(kv_heads) * ws.kv_blocks);
+  int bad = 0;
+  for (int h = 0; h < kv_heads && bad < 10; ++h)
+    for (int64_t n = 0; n < ws.nk_padded; ++n)
+      for (int c = 0; c < d; ++c) {
+        const int64_t block = n / ws.block_cols;
+        const int64_t pos = block * ws.block_cols + fa3::wgmma_key_position(int(n % ws.block_cols));
+        const uint8_t byte = vt8[(int64_t(h) * d + c) * ws.nk_padded + pos];
+        const double sv = v_scale[int64_t(h) * ws.kv_blocks + block];
+        const double want = n < p.Nk ? in.host.v[(int64_t(h) * p.Nk + n) * d + c] : 0.0;
+        const double got = e4m3_value(byte) * sv;
+        if (!(std::fabs(got - want) <= e4m3_rounding_bound(want, sv) + 1e-5 * fa3::kE4m3Max * sv) && bad++ < 10)
+          ADD_FAILURE() << "V̂ᵀ of kv head " << h << ", key " << n << ", dim " << c << ": " << got << " vs " << want;
+      }
+}
+
+AttnProblem fp8_problem(int B, int H, int Hkv, int Nq, int Nk, int d) {
+  AttnProblem p;
+  p.B = B;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.Nq = Nq;
+  p.Nk = Nk;
+  p.d = d;
+  p.dtype = DType::fp8_e4m3;
+  return p;
+}
+
 TEST_F(Gpu, Fp8PreKernelMatchesHostModel) {
   for (const char* name : {"06_fp8", "06_fp8_per_tensor"})
     for (int d : fa3::kFp8HeadDims) {
-      AttnProblem p;
-      p.B = 1;
-      p.H = 4;
-      p.Hkv = 2;
-      p.Nq = 200;  // ragged: 3 full Q blocks of 64 and 8 rows
-      p.Nk = 300;  // K/V blocks of 128 keys: 2 full and 44 keys (of 192 at d = 128: 1 and 108); V̂ᵀ padded to 384 with zeros
-      p.d = d;
-      p.dtype = DType::fp8_e4m3;
-      const Stage& s = find_stage(name);
-      if (!runs_here(s, p)) GTEST_SKIP() << name << " does not run here";
-      SCOPED_TRACE(std::string(name) + " d = " + std::to_string(d));
-      const bool block_scales = std::string(name) == "06_fp8", hadamard = block_scales;
-      ProblemInputs in(p, 71 + d, Fill::normal, 0.f, 1.f, stream_, true);
-      RungOutput out = run_rung(s, in, stream_);  // the attention kernel only reads the workspace
-      const fa3::Fp8Workspace ws(p);
-      const char* base = static_cast<const char*>(out.workspace.get());
-      const int q_heads = p.B * p.H, kv_heads = p.B * p.Hkv;
-      expect_rows_quantized("Q̂", in.host.q, to_host<uint8_t>(base, ws.q8, p.q_elems()),
-                            to_host<float>(base, ws.q_scale, size_t(q_heads) * ws.q_blocks), q_heads, p.Nq, d,
-                            fa3::kFp8QBlockRows, hadamard, block_scales);
-      expect_rows_quantized("K̂", in.host.k, to_host<uint8_t>(base, ws.k8, p.kv_elems()),
-                            to_host<float>(base, ws.k_scale, size_t(kv_heads) * ws.kv_blocks), kv_heads, p.Nk, d,
-                            ws.block_cols, hadamard, block_scales);
-      // V̂ᵀ [head][dim][key position]: key n of block n / B_c at wgmma_key_position(n % B_c),
-      // V / v_scale rounded (no Hadamard on V); padded keys are zero.
-      const std::vector<uint8_t> vt8 = to_host<uint8_t>(base, ws.vt8, size_t(kv_heads) * d * ws.nk_padded);
-      const std::vector<float> v_scale = to_host<float>(base, ws.v_scale, size_t(kv_heads) * ws.kv_blocks);
-      int bad = 0;
-      for (int h = 0; h < kv_heads && bad < 10; ++h)
-        for (int64_t n = 0; n < ws.nk_padded; ++n)
-          for (int c = 0; c < d; ++c) {
-            const int64_t block = n / ws.block_cols;
-            const int64_t pos = block * ws.block_cols + fa3::wgmma_key_position(int(n % ws.block_cols));
-            const uint8_t byte = vt8[(int64_t(h) * d + c) * ws.nk_padded + pos];
-            const double sv = v_scale[int64_t(h) * ws.kv_blocks + block];
-            const double want = n < p.Nk ? in.host.v[(int64_t(h) * p.Nk + n) * d + c] : 0.0;
-            const double got = e4m3_value(byte) * sv;
-            if (!(std::fabs(got - want) <= e4m3_rounding_bound(want, sv) + 1e-5 * fa3::kE4m3Max * sv) && bad++ < 10)
-              ADD_FAILURE() << "V̂ᵀ of kv head " << h << ", key " << n << ", dim " << c << ": " << got << " vs "
-                            << want;
-          }
+      // Ragged: 3 full Q blocks of 64 and 8 rows; K/V blocks of 128 keys: 2 full and 44 keys
+      // (of 192 at d = 128: 1 and 108); V̂ᵀ padded to 384 with zeros.
+      const AttnProblem p = fp8_problem(1, 4, 2, 200, 300, d);
+      if (!runs_here(find_stage(name), p)) GTEST_SKIP() << name << " does not run here";
+      expect_pre_kernel_matches_model(name, p, stream_);
+    }
+}
+
+// The pre-kernel's grid is persistent (a few CTAs per SM, each taking every G-th block, its
+// bulk copies two blocks ahead): with several blocks per CTA of every tensor (2400 Q blocks
+// and 1200 K/V blocks at d = 64 and 256, 800 at d = 128; a 132-SM GPU runs at most 528 and
+// 264 CTAs), each stage of shared memory is refilled and its barrier's phase turns over.
+// Many heads and short rows keep the attention kernel cheap; in the sanitizers' subset.
+TEST_F(Gpu, SanitizeFp8PreKernelManyBlocksPerCta) {
+  for (const char* name : {"06_fp8", "06_fp8_per_tensor"})
+    for (int d : fa3::kFp8HeadDims) {
+      const AttnProblem p = fp8_problem(2, 400, 200, 130, 300, d);  // ragged tails as above
+      if (!runs_here(find_stage(name), p)) GTEST_SKIP() << name << " does not run here";
+      expect_pre_kernel_matches_model(name, p, stream_);
     }
 }
 
