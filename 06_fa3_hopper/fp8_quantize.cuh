@@ -89,8 +89,10 @@ struct Vec<16> {
 // row past N: `row` is still readable, the stage's stale bytes), times M when `hadamard`:
 // log2(E) butterfly stages inside the lane (one at d = 64), then five across. No branch
 // before the shuffles: after one (an early return for rows past N, say) ptxas cannot tell
-// that the warp is converged and wraps every shuffle in WARPSYNC and ENDCOLLECTIVE, which
-// made this function several times longer.
+// that the warp is converged and puts a convergence check (BRA.DIV) before each row's
+// shuffles, with a WARPSYNC/ENDCOLLECTIVE copy of them for a diverged warp; the rows then
+// sit in separate basic blocks, and each row's load waited for the previous row's
+// transform (one load in flight per warp instead of one per row).
 template <int D>
 __device__ void load_row(float (&x)[D / 32], const __nv_bfloat16* row, bool valid, bool hadamard) {
   constexpr int E = D / 32;
