@@ -8,7 +8,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | te
 mkdir -p $OUT/t
 for v in old of w16; do mkdir -p /tmp/$v; tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C /tmp/$v; done
 cp .scratch/old_fp8_quantize.cuh /tmp/old/06_fa3_hopper/fp8_quantize.cuh
-cp .scratch/oldfix_fp8_quantize.cuh /tmp/of/06_fa3_hopper/fp8_quantize.cuh
+cp .scratch/old_fp8_quantize.cuh /tmp/of/06_fa3_hopper/fp8_quantize.cuh && (cd /tmp/of && patch -p1 < .scratch/oldfix.diff)  # as run: a copy of the patched file
 sed -i 's/D == 256 ? 32 :/D == 256 ? 16 :/' /tmp/w16/06_fa3_hopper/fp8_quantize.cuh
 grep -c "D == 256 ? 16 :" /tmp/w16/06_fa3_hopper/fp8_quantize.cuh >> $OUT/run.log
 ( cmake --preset default > /dev/null && cmake --build build -j7 --target gpu_tests fp8_accuracy > $OUT/t/build.txt 2>&1 ) &
