@@ -13,6 +13,10 @@ Writes four PNGs into --out (default: the first CSV's folder):
                          measured read + write as markers
   roofline.png           arithmetic intensity vs achieved TFLOPS under the measured copy
                          bandwidth slope and GEMM roof (hollow marker: model bytes, not measured)
+and with --fp8 CSV (the FP8 run of scripts/reproduce.sh, fp8_speed.csv), from that file alone:
+  fp8_vs_bf16.png        TFLOPS vs N of each fp8 rung and of 06d in bf16 in the same run, one
+                         panel per d (non-causal), and below them the fp8 / bf16 ratio against
+                         the 1.5x goal of FP8 at d >= 128
 With --readme FILE, rewrites the text between <!-- results:begin --> and
 <!-- results:end --> with a TFLOPS table (rung x N, d = 128, non-causal) and links to
 the images, relative to the README. Missing data skips that series; it never crashes.
@@ -46,6 +50,8 @@ PEER_PREFIX = "torch_"
 SAMPLE_GPU = "sample_not_measured"
 PAPER_TOKENS = 16384  # B * N of the paper sweep
 PAPER_HIDDEN = 2048  # H * d of the paper sweep
+FP8_REFERENCE = "06d_fa3"  # the bf16 rung each fp8 rung is compared with (fp8_vs_bf16.png)
+FP8_GOAL = 1.5  # fp8 / bf16 TFLOPS that FP8 should reach at d >= 128 (drawn as a line)
 FOCUS_N = 4096  # the bar chart's problem ...
 FOCUS_D = 128  # ... and the head dim of the bar chart, bytes plot, roofline and README table
 README_BEGIN = "<!-- results:begin -->"
@@ -258,6 +264,53 @@ def plot_tflops_vs_n(rows, dtype, palette, out_dir):
     return save(fig, out_dir, "tflops_vs_n.png")
 
 
+def plot_fp8_vs_bf16(rows, palette, out_dir):
+    """fp8 rungs next to FP8_REFERENCE in bf16 of the same rows (one run), non-causal."""
+    fp8 = [r for r in rows if r["dtype"] == "fp8" and r["tflops"] is not None and r["causal"] == 0]
+    ds = sorted({r["d"] for r in fp8}) or [FOCUS_D]
+    fig, axes = new_figure(2, len(ds), sharex="col", height_ratios=[2, 1])
+    drawn = {}
+    for di, d in enumerate(ds):
+        speed_ax, ratio_ax = axes[0][di], axes[1][di]
+        speed_ax.set_title(f"d = {d}, non-causal")
+        eight = series(fp8, "fp8", d, 0)
+        ref = series(rows, "bf16", d, 0).get(FP8_REFERENCE, {})
+        if not eight:
+            no_data(speed_ax, f"fp8 d={d} non-causal")
+            no_data(ratio_ax, f"fp8 d={d} non-causal")
+            continue
+        ns = sorted({n for by_n in eight.values() for n in by_n} | set(ref))
+        lines = [(f"{rung} (fp8)", rung, by_n) for rung, by_n in sorted(eight.items())]
+        if ref:
+            lines.append((f"{FP8_REFERENCE} (bf16)", FP8_REFERENCE, ref))
+        for label, rung, by_n in lines:
+            xs = sorted(by_n)
+            drawn[label] = speed_ax.plot(xs, [by_n[n]["tflops"] for n in xs], "-", color=palette.color[rung],
+                                         marker=palette.marker[rung], label=label)[0]
+        ratios = [1.0, FP8_GOAL]
+        for rung, by_n in sorted(eight.items()):
+            xs = [n for n in sorted(by_n) if n in ref]
+            ys = [by_n[n]["tflops"] / ref[n]["tflops"] for n in xs]
+            ratios += ys
+            ratio_ax.plot(xs, ys, "-", color=palette.color[rung], marker=palette.marker[rung])
+        if d >= 128:
+            drawn[f"{FP8_GOAL}x goal"] = ratio_ax.axhline(FP8_GOAL, color="gray", linestyle="--",
+                                                          label=f"{FP8_GOAL}x goal")
+        log2_n_axis(ratio_ax, ns)
+        speed_ax.set_ylim(bottom=0)
+        ratio_ax.set_ylim(min(ratios) - 0.1, max(ratios) + 0.1)
+        for ax in (speed_ax, ratio_ax):
+            ax.grid(True, alpha=0.3)
+        if di == 0:
+            speed_ax.set_ylabel("TFLOPS")
+            ratio_ax.set_ylabel(f"fp8 / {FP8_REFERENCE}")
+        ratio_ax.set_xlabel("sequence length N")
+    if drawn:
+        fig.legend(drawn.values(), drawn.keys(), loc="outside right center")
+    title(fig, "FP8 (whole rung: quantization pre-kernel + attention) vs bf16", fp8 or rows)
+    return save(fig, out_dir, "fp8_vs_bf16.png")
+
+
 def percent_of_ceiling(r):
     """(percent, ceiling name) against the rung's relevant ceiling, or (None, None)."""
     if is_memory_bound(r["rung"]):
@@ -462,21 +515,26 @@ def main(argv=None):
     p.add_argument("--out", type=pathlib.Path, help="folder for the PNGs (default: the first CSV's folder)")
     p.add_argument("--dtype", default="bf16", help="rows of this dtype (default bf16)")
     p.add_argument("--readme", type=pathlib.Path, help="rewrite this file's results block")
+    p.add_argument("--fp8", type=pathlib.Path, help="the FP8 run's CSV: fp8_vs_bf16.png from it alone")
     args = p.parse_args(argv)
-    missing = [str(c) for c in args.csv if not c.is_file()]
+    missing = [str(c) for c in [*args.csv, *([args.fp8] if args.fp8 else [])] if not c.is_file()]
     if missing:
         sys.exit(f"plot.py: no such CSV: {', '.join(missing)}")
     rows = load(args.csv)
     out_dir = args.out or args.csv[0].parent
     out_dir.mkdir(parents=True, exist_ok=True)
     plt.rcParams.update(STYLE)
-    palette = Palette(rung_order(rows))
+    fp8_rows = load([args.fp8]) if args.fp8 else []
+    names = rung_order(rows)  # the fp8 run's own rungs after them: the ladder's colors stay
+    palette = Palette(names + [n for n in rung_order(fp8_rows) if n not in names])
     images = [
         plot_tflops_vs_n(rows, args.dtype, palette, out_dir),
         plot_ladder_bars(rows, args.dtype, palette, out_dir),
         plot_hbm_bytes(rows, args.dtype, palette, out_dir),
         plot_roofline(rows, args.dtype, palette, out_dir),
     ]
+    if args.fp8:  # linked from 06_fa3_hopper/README.md, not from the results block
+        plot_fp8_vs_bf16(fp8_rows, palette, out_dir)
     if args.readme:
         rewrite_readme(args.readme, results_markdown(rows, args.dtype, palette, images, args.readme))
     return 0

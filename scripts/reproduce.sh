@@ -102,16 +102,18 @@ else
   log "peers: skipped, python3 cannot import torch"
 fi
 
+fp8_csv=()  # fp8_vs_bf16.png, from the FP8 run alone
+[[ -s $out_dir/fp8_speed.csv ]] && fp8_csv=(--fp8 "$out_dir/fp8_speed.csv")
 if python3 -c 'import matplotlib' 2>/dev/null; then
   # The README links its plots relatively: rewrite its results block only when they land
   # inside this checkout (the default results/<gpu>), never with links out of the repository.
   out_abs=$(cd "$out_dir" && pwd)
   if [[ $out_abs == "$repo"/* ]]; then
     log "plots into $out_dir, results block of README.md"
-    python3 scripts/plot.py "${csvs[@]}" --out "$out_dir" --readme README.md
+    python3 scripts/plot.py "${csvs[@]}" "${fp8_csv[@]}" --out "$out_dir" --readme README.md
   else
     log "plots into $out_dir (outside the checkout: README.md left as it is)"
-    python3 scripts/plot.py "${csvs[@]}" --out "$out_dir"
+    python3 scripts/plot.py "${csvs[@]}" "${fp8_csv[@]}" --out "$out_dir"
   fi
 else
   log "plots: skipped, python3 cannot import matplotlib"

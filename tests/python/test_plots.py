@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU test of scripts/plot.py on the committed sample CSV (results/sample/ladder_sample.csv).
 
-Checks: the four PNGs exist and are non-empty; the README rewrite replaces only the text
+Checks: the four PNGs exist and are non-empty; fp8_vs_bf16.png is written from --fp8 CSV (a few
+synthetic fp8 rows) and only then; the README rewrite replaces only the text
 between the markers, links the images relative to the README, and is idempotent; a
 header-only CSV and a README without markers behave (plots with "no data", a clear exit).
 
@@ -18,6 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 PLOT = REPO / "scripts" / "plot.py"
 SAMPLE = REPO / "results" / "sample" / "ladder_sample.csv"
 PNGS = ["tflops_vs_n.png", "ladder_n4096_d128.png", "hbm_bytes_vs_n.png", "roofline.png"]
+FP8_PNG = "fp8_vs_bf16.png"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 README = f"# Title\n\nintro text\n\n{BEGIN}\nstale table\n{END}\n\nclosing text\n"
 
@@ -67,6 +69,21 @@ def main():
             check(f"(results/sample/{name})" in text, f"README links {name} relative to itself")
         run = plot(SAMPLE, "--out", out, "--readme", readme)
         check(run.returncode == 0 and readme.read_text() == text, "rewrite is idempotent")
+
+        check(not (out / FP8_PNG).exists(), f"without --fp8: no {FP8_PNG}")
+
+        print("--fp8 CSV:")
+        header, *sample_rows = SAMPLE.read_text().splitlines()
+        fa2 = [line for line in sample_rows if ",05_fa2_reordered,bf16," in line]
+        check(len(fa2) > 0, "the sample has rows to make fp8 and 06d_fa3 rows of")
+        bf16_06d = [line.replace(",05_fa2_reordered,", ",06d_fa3,") for line in fa2]
+        fp8_rows = [line.replace(",05_fa2_reordered,bf16,", ",06_fp8,fp8,") for line in fa2]
+        mixed = tmp / "fp8.csv"
+        mixed.write_text("\n".join([header, *bf16_06d, *fp8_rows]) + "\n")
+        run = plot(SAMPLE, "--out", tmp / "fp8", "--fp8", mixed)
+        check(run.returncode == 0, f"fp8 rows: plot.py exits 0 (stderr: {run.stderr.strip()[-500:]})")
+        path = tmp / "fp8" / FP8_PNG
+        check(path.is_file() and path.stat().st_size > 0, f"fp8 rows: {FP8_PNG} written and non-empty")
 
         print("header-only CSV:")
         empty = tmp / "empty.csv"
