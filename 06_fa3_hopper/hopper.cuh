@@ -1,9 +1,10 @@
 // Thin, named wrappers over the Hopper (sm_90a) instructions this rung uses, so that the
-// kernel body reads as the algorithm: TMA tensor maps and loads, mbarriers, wgmma
-// descriptors / fence / commit / wait, setmaxnreg, named barriers. The layout arithmetic
-// behind the descriptors and tensor maps is in swizzle.h (host and device).
-// Each wrapper is one PTX instruction (or a wait loop around one); the PTX ISA section
-// named in the comment is the reference.
+// kernel body reads as the algorithm: TMA tensor maps and loads (and plain bulk copies),
+// mbarriers, wgmma descriptors / fence / commit / wait, setmaxnreg, named barriers; on the
+// host, also the launch helpers of the persistent grids (configure_kernel, sm_count). The
+// layout arithmetic behind the descriptors and tensor maps is in swizzle.h (host and device).
+// Each device wrapper is one PTX instruction (or a wait loop around one); the PTX ISA
+// section named in the comment is the reference.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: libcuda is not linked)
