@@ -17,13 +17,16 @@
 //                         FA3 does in registers is done here, once, on V's rows. V is
 //                         loaded as K is (whole rows, coalesced) and turned around in
 //                         shared memory.
+//   loads                 a block's bf16 rows are contiguous: one bulk copy brings them into
+//                         shared memory, two blocks ahead of the warps that transform them
+//                         (quantize_rows).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include <cfloat>
 #include <algorithm>
+#include <cfloat>
 #include <cstdint>
 
 #include "06_fa3_hopper/fa3_fp8.h"
