@@ -573,6 +573,19 @@ TEST(Registry, Fp8StagesTakeEveryBuiltHeadDim) {
   }
 }
 
+// The pre-kernel numbers the scale blocks of a tensor with an int (fp8_quantize.cuh): a
+// problem with more of them is refused, by name, before anything is allocated.
+TEST(Validation, Fp8RefusesMoreScaleBlocksThanAnInt) {
+  const Stage& s = find_stage("06_fp8");
+  AttnProblem p = tiny(4096, 4096, 128, false, 16, 16);
+  p.dtype = DType::fp8_e4m3;
+  EXPECT_EQ(s.refuse(p), "");
+  p.H = p.Hkv = 1 << 16;
+  p.Nq = 64 << 16;  // 2^16 heads x 2^16 Q blocks of 64 rows = 2^32 scale blocks
+  const std::string why = s.refuse(p);
+  EXPECT_NE(why.find("scale blocks"), std::string::npos) << why;
+}
+
 // The grid order of the one-tile-per-CTA launches (common/tile_order.h): every (head, Q
 // block) exactly once; inside a section, Q blocks from the last to the first, so that with
 // a causal mask the longest tiles start first; sections of whole heads, the last one short.
