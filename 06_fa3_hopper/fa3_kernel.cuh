@@ -1074,7 +1074,7 @@ int max_cta_pairs(int threads, size_t smem_bytes) {
 // Grid size for a schedule: every tile, or as many CTAs as fit on the GPU at once.
 inline unsigned grid_size(long long tiles, Schedule schedule, int ctas_per_sm) {
   if (schedule == Schedule::one_tile_per_cta) return unsigned(tiles);
-  return unsigned(std::min(tiles, 1LL * sm_count() * ctas_per_sm));
+  return persistent_grid(tiles, ctas_per_sm);
 }
 
 // Schedule::persistent with a causal mask hands out units from a counter (next_unit): an

@@ -25,7 +25,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -306,7 +305,7 @@ void launch_quantize_rows(const QuantArgs& a, QuantPass pass, cudaStream_t strea
   constexpr bool kPersistent = D > 64;
   const int ctas_per_sm = configure_kernel<kKernel>(kRowThreads<R>, kSmemBytes);
   const long long total = 1LL * a.heads * a.blocks;
-  const unsigned ctas = unsigned(kPersistent ? std::min(total, 1LL * sm_count() * ctas_per_sm) : total);
+  const unsigned ctas = kPersistent ? persistent_grid(total, ctas_per_sm) : unsigned(total);
   kKernel<<<ctas, kRowThreads<R>, kSmemBytes, stream>>>(a, pass);
   CUDA_CHECK_LAUNCH();
 }

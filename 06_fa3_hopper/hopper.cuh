@@ -1,7 +1,7 @@
 // Thin, named wrappers over the Hopper (sm_90a) instructions this rung uses, so that the
 // kernel body reads as the algorithm: TMA tensor maps and loads (and plain bulk copies),
 // mbarriers, wgmma descriptors / fence / commit / wait, setmaxnreg, named barriers; on the
-// host, also the launch helpers of the persistent grids (configure_kernel, sm_count). The
+// host, also the launch helpers of the persistent grids (configure_kernel, persistent_grid). The
 // layout arithmetic behind the descriptors and tensor maps is in swizzle.h (host and device).
 // Each device wrapper is one PTX instruction (or a wait loop around one); the PTX ISA
 // section named in the comment is the reference.
@@ -80,12 +80,14 @@ int configure_kernel(int threads, size_t smem_bytes) {
   return ctas_per_sm;
 }
 
-// SMs of the current device (persistent grids: a few CTAs per SM).
-inline int sm_count() {
+// A persistent grid over `units` pieces of work: as many CTAs as fit on the current device
+// at once (ctas_per_sm on each SM), fewer if there are fewer units.
+inline unsigned persistent_grid(long long units, int ctas_per_sm) {
   int device = 0, sms = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
+  const long long fit = 1LL * sms * ctas_per_sm;
+  return unsigned(units < fit ? units : fit);
 }
 
 // ---------------------------------------------------------------------------------------
