@@ -145,12 +145,14 @@ TEST_F(Gpu, NaiveSoftmaxOverflowsAndSafeSoftmaxDoesNot) {
 }
 
 // Q = 1 and row j of K = score(j) / (scale d) (+ the random fill / 50), so that query i and
-// key j meet with a score of about score(j) nats; every rung except 01 (which subtracts no
-// max) against fp64, both dtypes, both masks, every head dim, Nk not a multiple of a tile,
-// GQA, and Nq not a multiple of a query tile.
+// key j meet with a score of about score(j) nats, and row j of V (random) times
+// value_scale(j); every rung except 01 (which subtracts no max) against fp64, both dtypes,
+// both masks, every head dim, Nk not a multiple of a tile, GQA, and Nq not a multiple of a
+// query tile.
 template <class ScoreOfKey>
 void expect_key_scores_handled(cudaStream_t stream, ScoreOfKey score,
-                               std::initializer_list<DType> dtypes = {DType::bf16, DType::fp16}) {
+                               std::initializer_list<DType> dtypes = {DType::bf16, DType::fp16},
+                               double (*value_scale)(int) = nullptr) {
   for (DType t : dtypes)
     for (int d : {64, 128, 256})
       for (bool causal : {false, true}) {
@@ -177,6 +179,12 @@ void expect_key_scores_handled(cudaStream_t stream, ScoreOfKey score,
         CUDA_CHECK(cudaMemcpy(in.k.get(), k.data(), k.size() * 2, cudaMemcpyHostToDevice));
         in.host.q = to_float(q, stored);
         in.host.k = to_float(k, stored);
+        if (value_scale) {
+          std::vector<uint16_t> v(p.kv_elems());
+          for (int64_t e = 0; e < p.kv_elems(); ++e) v[e] = to_raw(float(value_scale(int(e / d % p.Nk))) * in.host.v[e]);
+          CUDA_CHECK(cudaMemcpy(in.v.get(), v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+          in.host.v = to_float(v, stored);
+        }
         std::vector<RowIndex> rows = all_rows(p);
         ReferenceRows ref = reference_rows(p, in.host, rows);
         for (const Stage& s : registry()) {
@@ -219,6 +227,19 @@ TEST_F(Gpu, NegativeScoresTakeTheFloatMax) {
   expect_key_scores_handled(stream_, [](int j) { return j % 2 ? -100.0 : -300.0; });
   expect_key_scores_handled(stream_, [](int j) { return -1.0 - 3.0 * std::fmod(0.618034 * j, 1.0); },
                             {DType::fp8_e4m3});
+}
+
+// V's block scales in FP8: O_i is kept in units of the last V block's scale and moved to
+// V_j's with each block's rescale (alpha * v_scale_(j-1) / v_scale_j, fa3_fp8_kernel.cuh:
+// Fp8Blocks::rescale). Here V's rows swing by 2^+-2 along the keys (sin(j / 60)), so
+// neighbouring blocks' scales differ by 2^0.3 to 2^2.6 either way, while the scores climb
+// 2.6 nats over the 1000 keys (every block moves each row's max a little). A ratio applied
+// the wrong way round, to the wrong block or not at all weights whole blocks wrong, which
+// shows against fp64; every FP8 variant, both masks, every d.
+TEST_F(Gpu, Fp8ValueScalesSwingingAcrossBlocks) {
+  expect_key_scores_handled(
+      stream_, [](int j) { return 2.6 * j / 1000.0; }, {DType::fp8_e4m3},
+      [](int j) { return std::exp2(2.0 * std::sin(j / 60.0)); });
 }
 
 TEST_F(Gpu, RefusedProblemsLaunchNothing) {
