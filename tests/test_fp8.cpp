@@ -114,24 +114,12 @@ void expect_pre_kernel_matches_model(const char* name, const AttnProblem& p, cud
       }
 }
 
-AttnProblem fp8_problem(int B, int H, int Hkv, int Nq, int Nk, int d) {
-  AttnProblem p;
-  p.B = B;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.Nq = Nq;
-  p.Nk = Nk;
-  p.d = d;
-  p.dtype = DType::fp8_e4m3;
-  return p;
-}
-
 TEST_F(Gpu, Fp8PreKernelMatchesHostModel) {
   for (const char* name : {"06_fp8", "06_fp8_per_tensor"})
     for (int d : fa3::kFp8HeadDims) {
       // Ragged: 3 full Q blocks of 64 and 8 rows; K/V blocks of 128 keys: 2 full and 44 keys
       // (of 192 at d = 128: 1 and 108); V̂ᵀ padded to 384 with zeros.
-      const AttnProblem p = fp8_problem(1, 4, 2, 200, 300, d);
+      const AttnProblem p{1, 4, 2, 200, 300, d, false, DType::fp8_e4m3};  // B, H, Hkv, Nq, Nk, d
       if (!runs_here(find_stage(name), p)) GTEST_SKIP() << name << " does not run here";
       expect_pre_kernel_matches_model(name, p, stream_);
     }
@@ -145,7 +133,7 @@ TEST_F(Gpu, Fp8PreKernelMatchesHostModel) {
 TEST_F(Gpu, SanitizeFp8PreKernelManyBlocksPerCta) {
   for (const char* name : {"06_fp8", "06_fp8_per_tensor"})
     for (int d : fa3::kFp8HeadDims) {
-      const AttnProblem p = fp8_problem(2, 400, 200, 130, 300, d);  // ragged tails as above
+      const AttnProblem p{2, 400, 200, 130, 300, d, false, DType::fp8_e4m3};  // ragged tails as above
       if (!runs_here(find_stage(name), p)) GTEST_SKIP() << name << " does not run here";
       expect_pre_kernel_matches_model(name, p, stream_);
     }
