@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "06_fa3_hopper/fa3_launch.h"
 #include "06_fa3_hopper/swizzle.h"
@@ -155,5 +156,10 @@ using Fp8AttentionFn = void (*)(const AttnProblem&, const AttnTensors&, Schedule
 Fp8LaunchFn fp8_launch_for(int d);
 Fp8QuantizeFn fp8_quantize_for(int d);
 Fp8AttentionFn fp8_attention_for(int d);
+
+// 2^x as the FP8 softmax takes half of its exponentials at d <= 128 (exp2_linear in
+// common/device_math.cuh, through the same FFMA), for each x, run on the current GPU
+// (exp2_linear_check.cu): for the tests.
+std::vector<float> exp2_linear_on_gpu(const std::vector<float>& x);
 
 }  // namespace attn::fa3

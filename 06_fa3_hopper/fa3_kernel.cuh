@@ -486,7 +486,9 @@ __device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
 // softmax on its critical path, pays for (measured: 5-8 % at d <= 128).
 // kRowSums = false (the FP8 kernel's row-sum column, where the P V GEMM sums P's rows): l_i
 // is left alone. kIntMax (FP8): the row maxima on the integer ALU (block_max).
-template <class Cfg, bool kLazy, bool kRowSums = true, bool kIntMax = false>
+// kLinearExps (FP8): that many of every 8 exponentials of a row by exp2_linear (FMNMX and
+// LEA on the integer ALU, to within 4 %: P is rounded to e4m3 next) instead of the MUFU.
+template <class Cfg, bool kLazy, bool kRowSums = true, bool kIntMax = false, int kLinearExps = 0>
 __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                float s_log2, float rescale_log2, float p_offset_log2 = 0.f) {
   bool any_moved = false;
@@ -505,9 +507,14 @@ __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&
     alpha[slot] = moved ? exp2_approx(m[slot] - m_base) : 1.f;
     m[slot] = m_new;
     const float shift = p_offset_log2 - m_base;
+    const float shift_linear = exp2_linear_offset(shift);
     float row_sum = 0.f;
+    int n = 0;  // the entry's place in the row (a constant once unrolled)
     for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) {
-      s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
+      if ((n++ * kLinearExps) % 8 < kLinearExps)  // kLinearExps of every 8, spread
+        s_ij = exp2_linear(fmaf(s_ij, s_log2, shift_linear));
+      else
+        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
       if constexpr (kRowSums) row_sum += s_ij;
     });
     if constexpr (kRowSums) l[slot] = alpha[slot] * l[slot] + row_sum;

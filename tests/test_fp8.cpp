@@ -1,5 +1,7 @@
 // GPU tests of rung 06's FP8 path beyond the ladder tests (which run every fp8 stage against
 // fp64 on the odd shapes, sanitize it and check repeat runs, in test_gpu.cpp):
+//   - the softmax's integer-ALU 2^x (exp2_linear) within its error bounds, unbiased, and 0
+//     below 2^-127 and at -inf (masked keys);
 //   - the pre-kernel against its host model (tests/fp8_model.h) at every FP8 head dim: the
 //     Hadamard transform, the block scales, the e4m3 rounding and V̂ᵀ's permuted key order,
 //     with one block per CTA and with several (its persistent grid);
@@ -137,6 +139,34 @@ TEST_F(Gpu, SanitizeFp8PreKernelManyBlocksPerCta) {
       if (!runs_here(find_stage(name), p)) GTEST_SKIP() << name << " does not run here";
       expect_pre_kernel_matches_model(name, p, stream_);
     }
+}
+
+// exp2_linear (common/device_math.cuh) is 2^i (1 + f) taken at x - 0.0575: relative error
+// -3.9 % .. +2.0 %, zero on average over the fraction f, so that the entries the FP8 softmax
+// takes this way weigh as much as the MUFU's, for every x whose 2^x is a normal float
+// (above -125: nearer -127 the result may be subnormal, and far below e4m3's smallest
+// step anyway); exactly 0 from x = -127 down and at -inf.
+TEST_F(Gpu, Fp8LinearExp2WithinBoundsAndUnbiased) {
+  if (!runs_here(find_stage("06_fp8"), AttnProblem{1, 1, 1, 64, 64, 128, false, DType::fp8_e4m3}))
+    GTEST_SKIP() << "06_fp8 does not run here";
+  std::vector<float> x;
+  constexpr int kPerUnit = 4096;  // a fine grid of fractions in every unit from -125 to 9
+  for (int i = -125; i < 9; ++i)
+    for (int k = 0; k < kPerUnit; ++k) x.push_back(float(i) + float(k) / kPerUnit);
+  const size_t n_grid = x.size();
+  for (float t : {-127.f, -127.5f, -300.f, -1e30f, -INFINITY}) x.push_back(t);
+  const std::vector<float> y = fa3::exp2_linear_on_gpu(x);
+  double lo = 0, hi = 0, sum = 0;
+  for (size_t i = 0; i < n_grid; ++i) {
+    const double rel = double(y[i]) / std::exp2(double(x[i])) - 1.0;
+    lo = std::min(lo, rel);
+    hi = std::max(hi, rel);
+    sum += rel;
+  }
+  EXPECT_GE(lo, -0.040) << "2^x too low somewhere";
+  EXPECT_LE(hi, 0.021) << "2^x too high somewhere";
+  EXPECT_NEAR(sum / double(n_grid), 0.0, 2e-3) << "biased against the MUFU's 2^x";
+  for (size_t i = n_grid; i < x.size(); ++i) EXPECT_EQ(y[i], 0.f) << "2^" << x[i];
 }
 
 TEST_F(Gpu, Fp8FullVariantBeatsPerTensorBaselineOnOutliers) {
