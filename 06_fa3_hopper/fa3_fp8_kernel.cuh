@@ -18,7 +18,7 @@
 //   - at d = 64 and 128 the P V QGMMA also sums P's rows (Fp8Layout::kRowSumColumn: V̂ᵀ in
 //     shared memory has a row of ones after its d rows), so the softmax adds no row sums;
 //   - the row maxima on the integer ALU's three-input max (block_max in fa3_kernel.cuh);
-//   - at d = 64 and 128 every other exponential by exp2_linear (common/device_math.cuh: 2^x
+//   - at d = 64 and 128 every other exponential by exp2_linear (common/exp2_linear.h: 2^x
 //     to within 4 % on the integer ALU, enough for a P rounded to e4m3), the rest on the MUFU.
 //
 // Included only by the generated instance TUs (fa3_fp8.cu.in).

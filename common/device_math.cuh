@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "common/exp2_linear.h"
+
 namespace attn {
 
 // Max / sum over aligned groups of `Lanes` consecutive lanes (a butterfly: every lane of the
@@ -35,23 +37,11 @@ __device__ inline float exp2_approx(float x) {
 }
 
 // 2^x to within 4 % on the integer ALU, for a value about to be rounded to e4m3 (3 mantissa
-// bits: a step of 6-12 %). For x = i + f (0 <= f < 1) the float whose bits are
-// 2^23 (x + 127) is 2^i (1 + f), the line through 2^i and 2^(i+1) (Schraudolph 1999): up
-// to 6.1 % high. Taken at x - kExp2LinearShift, the error is -3.9 % .. +2.0 %, zero on
-// average over f (RMS 1.8 %), so that entries taken this way carry no weight bias against
-// the MUFU's.
-// The caller hands in z = x + exp2_linear_offset(0) (as its FFMA's addend: 2^(a b + c) is
-// exp2_linear(fmaf(a, b, exp2_linear_offset(c)))). The magic 1.5 * 2^10 has an ulp of 2^-13,
-// so z's mantissa field is 2^22 + 2^13 x, and shifted left by 10 (2^22 falls off the top) it
-// is 2^23 x. Clamped at x = -127, where the result is +0 (so is -inf's); between -127 and
-// -125 it may be subnormal and less accurate (an e4m3 P is 0 there anyway). Three instructions
-// (FFMA, FMNMX, LEA) where the MUFU's 2^x is two (FFMA, MUFU.EX2), none of them the MUFU's.
-constexpr float kExp2LinearMagic = 1536.f;
-constexpr float kExp2LinearShift = 0.0575f;
-__host__ __device__ constexpr float exp2_linear_offset(float c) { return c - kExp2LinearShift + kExp2LinearMagic; }
+// bits: a step of 6-12 %): z = x + exp2_linear_offset(0), clamped, and a shift and an add
+// of its bits (common/exp2_linear.h explains the constants). Three instructions (FFMA,
+// FMNMX, LEA) where the MUFU's 2^x is two (FFMA, MUFU.EX2), none of them the MUFU's.
 __device__ inline float exp2_linear(float z) {
-  z = fmaxf(z, kExp2LinearMagic - 127.f);
-  return __int_as_float((__float_as_int(z) << 10) + (127 << 23));
+  return __uint_as_float(exp2_linear_bits(__float_as_uint(fmaxf(z, kExp2LinearFloor))));
 }
 
 // log2(x) on the special-function unit, one MUFU.LG2 (log2(0) = -inf).

@@ -558,6 +558,20 @@ TEST(Fp8Model, E4m3Values) {
   EXPECT_TRUE(std::isnan(attn::testing::e4m3_value(0x7F)));
 }
 
+// The FP8 softmax's integer-ALU 2^x (common/exp2_linear.h), its arithmetic on the host:
+// within -3.9 % .. +2.0 %, unbiased over the fraction, exactly 0 from x = -127 down and at
+// -inf. (The GPU test Fp8LinearExp2WithinBoundsAndUnbiased runs the device function.)
+TEST(Exp2Linear, WithinBoundsUnbiasedAndZeroBelowRange) {
+  using namespace attn::testing;
+  const Exp2LinearPoints points = exp2_linear_points();
+  std::vector<float> y;
+  for (float x : points.x) y.push_back(exp2_linear_host(x));
+  expect_exp2_linear_bounds(points, y);
+  // At an integer x the line is exact and the shift of 0.0575 (471 ulps of z, 2^-13 each)
+  // lowers it to 2^x (1 - 471 / 2^14).
+  for (float x : {-5.f, 0.f, 1.f, 3.f}) EXPECT_EQ(exp2_linear_host(x), std::ldexp(1.f - 471.f / 16384.f, int(x)));
+}
+
 TEST(Registry, Fp8StagesTakeEveryBuiltHeadDim) {
   for (const char* name : {"06_fp8", "06_fp8_no_hadamard", "06_fp8_per_tensor_hadamard", "06_fp8_per_tensor"})
     for (int d : fa3::kFp8HeadDims) EXPECT_TRUE(find_stage(name).supports_head_dim(d)) << name << " d = " << d;
