@@ -457,14 +457,15 @@ __device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
   return key_end > p.Nk || (p.causal && key_end - 1 > wg_row0 + (p.Nk - p.Nq));
 }
 
-// f(e, S[x]) for each of this thread's entries of row `slot` (Fragment), in column order;
-// e = 0, 1 alternates along the row, so a caller may keep two accumulator chains.
+// f(n, S[x]) for each of this thread's entries of row `slot` (Fragment), in column order;
+// n = 0, 1, ..., B_c/4 - 1 is the entry's place among them (a constant once unrolled), so a
+// caller may keep two accumulator chains (n % 2) or treat every k-th entry apart.
 template <class Cfg, class F>
 __device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
 #pragma unroll
   for (int i = 0; i < Cfg::B_c / 8; ++i)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) f(e, S[4 * i + 2 * slot + e]);
+    for (int e = 0; e < 2; ++e) f(2 * i + e, S[4 * i + 2 * slot + e]);
 }
 
 // Online softmax of one block (FA2 Algorithm 1, lines 8-10), base 2:
@@ -509,9 +510,8 @@ __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&
     const float shift = p_offset_log2 - m_base;
     const float shift_linear = exp2_linear_offset(shift);
     float row_sum = 0.f;
-    int n = 0;  // the entry's place in the row (a constant once unrolled)
-    for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) {
-      if ((n++ * kLinearExps) % 8 < kLinearExps)  // kLinearExps of every 8, spread
+    for_each_in_row<Cfg>(S, slot, [&](int n, float& s_ij) {
+      if ((n * kLinearExps) % 8 < kLinearExps)  // kLinearExps of every 8, spread
         s_ij = exp2_linear(fmaf(s_ij, s_log2, shift_linear));
       else
         s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
@@ -569,10 +569,10 @@ __device__ void exps_against_running_max(float (&S)[Cfg::B_c / 2], const float (
     sp.base[slot] = m[slot] == -INFINITY ? 0.f : m[slot];
     const float shift = -sp.base[slot];
     float sum[2] = {0.f, 0.f}, mx[2] = {0.f, 0.f};  // two chains each, half as long
-    for_each_in_row<Cfg>(S, slot, [&](int e, float& s_ij) {  // online_softmax's exponentials
+    for_each_in_row<Cfg>(S, slot, [&](int n, float& s_ij) {  // online_softmax's exponentials
       s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
-      sum[e] += s_ij;
-      mx[e] = fmaxf(mx[e], s_ij);
+      sum[n % 2] += s_ij;
+      mx[n % 2] = fmaxf(mx[n % 2], s_ij);
     });
     sp.row_sum[slot] = sum[0] + sum[1];
     sp.p_max[slot] = fmaxf(mx[0], mx[1]);
