@@ -157,7 +157,7 @@ Fp8LaunchFn fp8_launch_for(int d);
 Fp8QuantizeFn fp8_quantize_for(int d);
 Fp8AttentionFn fp8_attention_for(int d);
 
-// 2^x as the FP8 softmax takes half of its exponentials at d <= 128 (exp2_linear in
+// 2^x as the FP8 softmax takes some of its exponentials at d <= 128 (exp2_linear in
 // common/device_math.cuh, through the same FFMA), for each x, run on the current GPU
 // (exp2_linear_check.cu): for the tests.
 std::vector<float> exp2_linear_on_gpu(const std::vector<float>& x);
