@@ -119,11 +119,7 @@ Args parse(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0' || a.opt.warm_seconds < 0) usage_error("--warm-seconds needs a number >= 0");
     }
     else if (f == "--timing") {
-      const std::string v = value();
-      if (v == "flushed") a.opt.timing = TimingMode::flushed;
-      else if (v == "isolated") a.opt.timing = TimingMode::isolated;
-      else if (v == "back-to-back") a.opt.timing = TimingMode::back_to_back;
-      else usage_error("--timing expects flushed, isolated or back-to-back");
+      if (!parse_timing_mode(value(), &a.opt.timing)) usage_error("--timing expects flushed, isolated or back-to-back");
     }
     else if (f == "--check") a.opt.check_ref = true;
     else if (f == "--measure-bytes") a.opt.measure_bytes = true;

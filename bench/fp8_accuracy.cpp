@@ -1,7 +1,7 @@
 // FA3 Table 3 on this repository's kernels: RMSE against the fp64 reference on the paper's
 // inputs, N(0,1) + N(0,100)·Bernoulli(0.001) for Q, K and V (Fill::outliers).
 //
-//   fp8_accuracy [--csv PATH] [--time | --time-only]
+//   fp8_accuracy [--csv PATH] [--time | --time-only] [--timing MODE]
 //
 // Rows: standard attention in fp16 (02), FA2 fp16 (05), FA3 fp16 (06d), and the four FP8
 // stages (per-tensor baseline, full, without block quantization, without incoherent
@@ -12,6 +12,8 @@
 // workspace the pre-kernel filled; its TB/s counts the bytes it must move,
 // fp8_quantize_bytes), next to 06d bf16, on the paper sweep's long sequences
 // (N = 8192, 16384; H = 2048 / d; non-causal). --time-only: that, without the RMSE table.
+// --timing: as attn_bench's (flushed, the default and the protocol's; isolated; back-to-back),
+// for every timed launch.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -86,12 +88,15 @@ void accuracy(std::FILE* out, std::ofstream* csv, cudaStream_t stream) {
   }
 }
 
-void timing(std::FILE* out, cudaStream_t stream) {
+void timing(std::FILE* out, cudaStream_t stream, TimingMode mode) {
   L2Flusher flusher;
   constexpr int kWarmup = 3, kRepeats = 20;
   constexpr double kMaxSeconds = 2.0;
   const double kWarmSeconds = HarnessOptions{}.warm_seconds;  // as the bench: the clock settles first
   constexpr int kHidden = 2048;
+  if (mode != TimingMode::flushed)
+    std::fprintf(out, "\ntiming: %s (not the protocol's flushed runs)",
+                 mode == TimingMode::isolated ? "isolated" : "back-to-back");
   std::fprintf(out, "\n%-12s %6s %4s %10s %10s %10s %8s %10s %10s %10s\n", "", "N", "d", "total ms", "quant ms",
                "attn ms", "quant %", "quant TB/s", "attn TF/s", "06d TF/s");
   for (int d : fa3::kFp8HeadDims)
@@ -106,14 +111,14 @@ void timing(std::FILE* out, cudaStream_t stream) {
       AttnTensors t = out8.tensors(in);
       const Stage& full = find_stage("06_fp8");
       const Timing total = time_launch([&] { full.launch(p, t, stream); }, flusher, stream, kWarmup, kRepeats,
-                                       kMaxSeconds, kWarmSeconds);
+                                       kMaxSeconds, kWarmSeconds, mode);
       const fa3::Fp8Options opt;  // the full variant's options
       const fa3::Fp8QuantizeFn quantize = fa3::fp8_quantize_for(d);
       const Timing quant = time_launch([&] { quantize(p, t, opt, stream); }, flusher, stream, kWarmup, kRepeats,
-                                       kMaxSeconds, kWarmSeconds);
+                                       kMaxSeconds, kWarmSeconds, mode);
       const fa3::Fp8AttentionFn attention = fa3::fp8_attention_for(d);
       const Timing attn = time_launch([&] { attention(p, t, fa3::Schedule::persistent, stream); }, flusher, stream,
-                                      kWarmup, kRepeats, kMaxSeconds, kWarmSeconds);
+                                      kWarmup, kRepeats, kMaxSeconds, kWarmSeconds, mode);
       AttnProblem pb = p;
       pb.dtype = DType::bf16;
       ProblemInputs inb(pb, 7, Fill::normal, 0.f, 1.f, stream, false);
@@ -121,7 +126,7 @@ void timing(std::FILE* out, cudaStream_t stream) {
       RungOutput outb = run_rung(bf16, inb, stream);
       AttnTensors tb = outb.tensors(inb);
       const Timing t06d = time_launch([&] { bf16.launch(pb, tb, stream); }, flusher, stream, kWarmup, kRepeats,
-                                      kMaxSeconds, kWarmSeconds);
+                                      kMaxSeconds, kWarmSeconds, mode);
       const double attn_ms = attn.median_ms, flops = hbm::flops(p);
       const double quant_bytes = fa3::fp8_quantize_bytes(p, opt);  // HBM bytes the pre-kernel must move
       std::fprintf(out, "%-12s %6d %4d %10.3f %10.3f %10.3f %7.1f%% %10.2f %10.1f %10.1f\n", "06_fp8", N, d,
@@ -136,6 +141,7 @@ void timing(std::FILE* out, cudaStream_t stream) {
 int main(int argc, char** argv) {
   std::string csv_path;
   bool time_it = false, accuracy_too = true;
+  TimingMode mode = TimingMode::flushed;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--csv" && i + 1 < argc) {
@@ -145,8 +151,11 @@ int main(int argc, char** argv) {
     } else if (a == "--time-only") {
       time_it = true;
       accuracy_too = false;
+    } else if (a == "--timing" && i + 1 < argc && parse_timing_mode(argv[i + 1], &mode)) {
+      ++i;
     } else {
-      std::fprintf(stderr, "usage: %s [--csv PATH] [--time | --time-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--csv PATH] [--time | --time-only] [--timing flushed|isolated|back-to-back]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -162,7 +171,7 @@ int main(int argc, char** argv) {
       csv << "method,rung,dtype,B,H,N,d,rmse,rel_err\n";
     }
     if (accuracy_too) accuracy(stdout, csv_path.empty() ? nullptr : &csv, stream);
-    if (time_it) timing(stdout, stream);
+    if (time_it) timing(stdout, stream, mode);
     CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fp8_accuracy: %s\n", e.what());

@@ -95,6 +95,14 @@ std::vector<double> gather_lse(const RungOutput& out, const AttnProblem& p, cons
 
 // ---------------------------------------------------------------- timing and ceilings
 
+bool parse_timing_mode(const std::string& name, TimingMode* mode) {
+  if (name == "flushed") *mode = TimingMode::flushed;
+  else if (name == "isolated") *mode = TimingMode::isolated;
+  else if (name == "back-to-back") *mode = TimingMode::back_to_back;
+  else return false;
+  return true;
+}
+
 Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cudaStream_t stream, int warmup,
                    int repeats, double max_seconds, double warm_seconds, TimingMode mode) {
   const auto warm_start = std::chrono::steady_clock::now();

@@ -55,6 +55,9 @@ enum class TimingMode {
   isolated,      // each run alone, no flush (the L2 holds whatever the last run left)
   back_to_back,  // the runs queued together, an event between each two (the GPU never idles)
 };
+// "flushed", "isolated" or "back-to-back" (the benches' --timing) -> the mode; false for
+// any other name.
+bool parse_timing_mode(const std::string& name, TimingMode* mode);
 
 // Warm-up (at least `warmup` launches and `warm_seconds` of back-to-back work), then
 // `repeats` runs, by default each after an L2 flush (TimingMode), timed with CUDA events

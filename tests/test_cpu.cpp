@@ -9,6 +9,7 @@
 #include "05_fa2_reordered/fa2_tiles.h"
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "06_fa3_hopper/swizzle.h"
+#include "common/harness.h"
 #include "common/hbm_model.h"
 #include "common/reference.h"
 #include "common/stage.h"
@@ -570,6 +571,21 @@ TEST(Exp2Linear, WithinBoundsUnbiasedAndZeroBelowRange) {
   // At an integer x the line is exact and the shift of 0.0575 (471 ulps of z, 2^-13 each)
   // lowers it to 2^x (1 - 471 / 2^14).
   for (float x : {-5.f, 0.f, 1.f, 3.f}) EXPECT_EQ(exp2_linear_host(x), std::ldexp(1.f - 471.f / 16384.f, int(x)));
+}
+
+// The benches' --timing names (attn_bench, fp8_accuracy).
+TEST(Harness, TimingModeNames) {
+  attn::TimingMode mode = attn::TimingMode::flushed;
+  EXPECT_TRUE(attn::parse_timing_mode("back-to-back", &mode));
+  EXPECT_EQ(mode, attn::TimingMode::back_to_back);
+  EXPECT_TRUE(attn::parse_timing_mode("isolated", &mode));
+  EXPECT_EQ(mode, attn::TimingMode::isolated);
+  EXPECT_TRUE(attn::parse_timing_mode("flushed", &mode));
+  EXPECT_EQ(mode, attn::TimingMode::flushed);
+  for (const char* bad : {"", "back_to_back", "Flushed", "flushed "}) {
+    EXPECT_FALSE(attn::parse_timing_mode(bad, &mode)) << "'" << bad << "'";
+    EXPECT_EQ(mode, attn::TimingMode::flushed) << "a refused name leaves the mode alone";
+  }
 }
 
 TEST(Registry, Fp8StagesTakeEveryBuiltHeadDim) {
