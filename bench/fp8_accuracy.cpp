@@ -95,8 +95,7 @@ void timing(std::FILE* out, cudaStream_t stream, TimingMode mode) {
   const double kWarmSeconds = HarnessOptions{}.warm_seconds;  // as the bench: the clock settles first
   constexpr int kHidden = 2048;
   if (mode != TimingMode::flushed)
-    std::fprintf(out, "\ntiming: %s (not the protocol's flushed runs)",
-                 mode == TimingMode::isolated ? "isolated" : "back-to-back");
+    std::fprintf(out, "\ntiming: %s (not the protocol's flushed runs)", timing_mode_name(mode));
   std::fprintf(out, "\n%-12s %6s %4s %10s %10s %10s %8s %10s %10s %10s\n", "", "N", "d", "total ms", "quant ms",
                "attn ms", "quant %", "quant TB/s", "attn TF/s", "06d TF/s");
   for (int d : fa3::kFp8HeadDims)

@@ -95,12 +95,22 @@ std::vector<double> gather_lse(const RungOutput& out, const AttnProblem& p, cons
 
 // ---------------------------------------------------------------- timing and ceilings
 
+const char* timing_mode_name(TimingMode mode) {
+  switch (mode) {
+    case TimingMode::flushed: return "flushed";
+    case TimingMode::isolated: return "isolated";
+    case TimingMode::back_to_back: return "back-to-back";
+  }
+  return "?";
+}
+
 bool parse_timing_mode(const std::string& name, TimingMode* mode) {
-  if (name == "flushed") *mode = TimingMode::flushed;
-  else if (name == "isolated") *mode = TimingMode::isolated;
-  else if (name == "back-to-back") *mode = TimingMode::back_to_back;
-  else return false;
-  return true;
+  for (TimingMode m : {TimingMode::flushed, TimingMode::isolated, TimingMode::back_to_back})
+    if (name == timing_mode_name(m)) {
+      *mode = m;
+      return true;
+    }
+  return false;
 }
 
 Timing time_launch(const std::function<void()>& launch, L2Flusher& flusher, cudaStream_t stream, int warmup,

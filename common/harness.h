@@ -55,8 +55,9 @@ enum class TimingMode {
   isolated,      // each run alone, no flush (the L2 holds whatever the last run left)
   back_to_back,  // the runs queued together, an event between each two (the GPU never idles)
 };
-// "flushed", "isolated" or "back-to-back" (the benches' --timing) -> the mode; false for
-// any other name.
+// The benches' --timing names: "flushed", "isolated", "back-to-back".
+const char* timing_mode_name(TimingMode mode);
+// A --timing name -> its mode; false (and the mode left alone) for any other name.
 bool parse_timing_mode(const std::string& name, TimingMode* mode);
 
 // Warm-up (at least `warmup` launches and `warm_seconds` of back-to-back work), then

@@ -582,6 +582,11 @@ TEST(Harness, TimingModeNames) {
   EXPECT_EQ(mode, attn::TimingMode::isolated);
   EXPECT_TRUE(attn::parse_timing_mode("flushed", &mode));
   EXPECT_EQ(mode, attn::TimingMode::flushed);
+  for (attn::TimingMode m : {attn::TimingMode::flushed, attn::TimingMode::isolated, attn::TimingMode::back_to_back}) {
+    attn::TimingMode parsed = attn::TimingMode::flushed;
+    EXPECT_TRUE(attn::parse_timing_mode(attn::timing_mode_name(m), &parsed));
+    EXPECT_EQ(parsed, m) << attn::timing_mode_name(m);
+  }
   for (const char* bad : {"", "back_to_back", "Flushed", "flushed "}) {
     EXPECT_FALSE(attn::parse_timing_mode(bad, &mode)) << "'" << bad << "'";
     EXPECT_EQ(mode, attn::TimingMode::flushed) << "a refused name leaves the mode alone";
