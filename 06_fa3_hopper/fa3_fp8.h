@@ -157,9 +157,11 @@ Fp8LaunchFn fp8_launch_for(int d);
 Fp8QuantizeFn fp8_quantize_for(int d);
 Fp8AttentionFn fp8_attention_for(int d);
 
-// 2^x as the FP8 softmax takes some of its exponentials at d <= 128 (exp2_linear in
-// common/device_math.cuh, through the same FFMA), for each x, run on the current GPU
-// (exp2_linear_check.cu): for the tests.
-std::vector<float> exp2_linear_on_gpu(const std::vector<float>& x);
+// 2^x as the FP8 softmax takes most of its exponentials at d <= 128 (exp2_e4m3_linear in
+// common/device_math.cuh, through the same FFMA, with s_log2 = 1), run on the current GPU
+// (exp2_linear_check.cu), for the tests: the e4m3 byte of 2^(s[i] + c[i]), c[i] from a max on
+// the grid; and e4m3_linear_grid of each m.
+std::vector<uint8_t> exp2_e4m3_linear_on_gpu(const std::vector<float>& s, const std::vector<float>& c);
+std::vector<float> e4m3_linear_grid_on_gpu(const std::vector<float>& m);
 
 }  // namespace attn::fa3

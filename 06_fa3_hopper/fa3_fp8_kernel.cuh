@@ -18,8 +18,9 @@
 //   - at d = 64 and 128 the P V QGMMA also sums P's rows (Fp8Layout::kRowSumColumn: V̂ᵀ in
 //     shared memory has a row of ones after its d rows), so the softmax adds no row sums;
 //   - the row maxima on the integer ALU's three-input max (block_max in fa3_kernel.cuh);
-//   - at d = 64 4 and at d = 128 5 of every 8 exponentials by exp2_linear (common/exp2_linear.h:
-//     2^x to within 4 % on the integer ALU, enough for a P rounded to e4m3), the rest on the MUFU.
+//   - at d <= 128 6 of every 8 pairs of exponentials by exp2_e4m3_linear (common/exp2_linear.h:
+//     2^x to within 4 % before e4m3's rounding, straight to P's e4m3 byte by an FFMA and a clamp,
+//     which byte permutes put in place), the rest on the MUFU and converted (F2FP).
 //
 // Included only by the generated instance TUs (fa3_fp8.cu.in).
 #pragma once
@@ -77,13 +78,14 @@ struct Fp8Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout
   // below 2^126: the pre-kernel keeps every scale >= FLT_MIN, and a bf16 amax / 448 stays
   // below 2^120.
   static constexpr bool kFastScaleRatio = D == 64;
-  // Some of the softmax's exponentials off the MUFU at d <= 128 (exp2_linear: 2^x to within
-  // 4 %, on the integer ALU; online_softmax). Measured on an H100 (README, Half the
-  // exponentials on the integer ALU): 4 of 8 at d = 64, +5 %; at d = 128 4 of 8 gained 0-2 %
-  // (the board's power cap sets the clock there) and 5 of 8 another 3-5 % (6 and 7 of 8
-  // less), RMSE unchanged; at d = 256, whose l_i sums P in fp32, the RMSE rose (5.74e-3 to
-  // 6.03e-3 at 4 of 8).
-  static constexpr int kLinearExps = D == 128 ? 5 : (D < 128 ? 4 : 0);  // of every 8
+  // Most of the softmax's exponentials off the MUFU at d <= 128 (exp2_e4m3_linear: 2^x as
+  // P's e4m3 byte, on the FMA pipe and the integer ALU; online_softmax, to_operand_fp8).
+  // Measured on an H100 (README, Half the exponentials on the integer ALU): as a float
+  // (exp2_linear, then F2FP) 4 of 8 at d = 64 gained 5 %, 5 of 8 at d = 128 4-5 %; as bytes,
+  // in one call against that (medians of four passes, N = 8k / 16k), 6 of 8 at d = 128
+  // +5 / +8 % (5 of 8 +2 / +2 %, 8 of 8 +4 / +4 %), at d = 64 +6 / +3 %; RMSE 9.14e-3 ->
+  // 9.30e-3 at d = 128. At d = 256 l_i sums P in fp32 (no row-sum column): bytes cannot.
+  static constexpr int kLinearExps = D <= 128 ? 6 : 0;  // pairs of every 8
 
   static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
   static_assert(kWarpgroupRows * D % 1024 == 0 && B_c * D % 1024 == 0, "every tile starts on a whole swizzle atom");
@@ -183,14 +185,28 @@ __device__ void init_row_sum_rows(Smem& s) {
 //   g = 4 kk + 2 (q / 2), s = q % 2.
 template <class Cfg>
 __device__ void to_operand_fp8(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
+  // A pair that exp2_e4m3_linear took holds its two bytes in the low 8 bits
+  // of its two floats: a byte permute moves them where the register wants them.
+  auto bytes = [](float lo, float hi, uint32_t selector) {
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), selector);
+  };
 #pragma unroll
   for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int g = 4 * kk + 2 * (q / 2), s = q % 2;
-      P_op[kk][q] = pack4_e4m3(P[4 * g + 2 * s], P[4 * g + 2 * s + 1], P[4 * g + 4 + 2 * s], P[4 * g + 4 + 2 * s + 1]);
+      const float a = P[4 * g + 2 * s], b = P[4 * g + 2 * s + 1], c = P[4 * g + 4 + 2 * s], d = P[4 * g + 4 + 2 * s + 1];
+      const bool lo_bytes = linear_exp_pair(g, Cfg::kLinearExps), hi_bytes = linear_exp_pair(g + 1, Cfg::kLinearExps);
+      if (!lo_bytes && !hi_bytes) {
+        P_op[kk][q] = pack4_e4m3(a, b, c, d);
+      } else {  // each pair's two bytes in the low half of a register, then the halves joined
+        const uint32_t lo = lo_bytes ? bytes(a, b, 0x0040) : pack2_e4m3_u32(a, b);
+        const uint32_t hi = hi_bytes ? bytes(c, d, 0x0040) : pack2_e4m3_u32(c, d);
+        P_op[kk][q] = __byte_perm(lo, hi, 0x5410);
+      }
     }
 }
+
 
 // O_i's first d columns, as write_output and rescale take them (the accumulator may have the
 // row-sum column's 8 more).

@@ -457,6 +457,16 @@ __device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
   return key_end > p.Nk || (p.causal && key_end - 1 > wg_row0 + (p.Nk - p.Nq));
 }
 
+// kLinearExps (online_softmax): whether pair `pair` (entries 2 pair, 2 pair + 1) of a row is among the k of
+// every 8 pairs whose exponentials exp2_e4m3_linear takes. P's operand registers hold two
+// pairs each (to_operand_fp8): two converted pairs cost 2 instructions (F2FP, F2FP merging),
+// two pairs of bytes 3 (PRMT), one of each 3, so whole registers go first, the 4 of every 8
+// in the order 0, 2, 1, 3, then for an odd k one pair alone.
+constexpr bool linear_exp_pair(int pair, int k) {
+  const int reg = pair / 2 % 4;
+  return 2 * (reg % 2 * 2 + reg / 2) + pair % 2 < k;
+}
+
 // f(n, S[x]) for each of this thread's entries of row `slot` (Fragment), in column order;
 // n = 0, 1, ..., B_c/4 - 1 is the entry's place among them (a constant once unrolled), so a
 // caller may keep two accumulator chains (n % 2) or treat every k-th entry apart.
@@ -487,11 +497,16 @@ __device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
 // softmax on its critical path, pays for (measured: 5-8 % at d <= 128).
 // kRowSums = false (the FP8 kernel's row-sum column, where the P V GEMM sums P's rows): l_i
 // is left alone. kIntMax (FP8): the row maxima on the integer ALU (block_max).
-// kLinearExps (FP8): that many of every 8 exponentials of a row by exp2_linear (FMNMX and
-// LEA on the integer ALU, to within 4 %: P is rounded to e4m3 next) instead of the MUFU.
+// kLinearExps (FP8): the exponentials of that many of every 8 pairs of a row's entries
+// (linear_exp_pair) by exp2_e4m3_linear, straight to P's e4m3 bytes (an FFMA and an FMNMX,
+// the line through the powers of two, within 4 % before e4m3's rounding) instead of the
+// MUFU; such an entry holds its byte in its low 8 bits, for to_operand_fp8, so the row sums
+// must come from elsewhere (the row-sum column), and m_i is kept on e4m3_linear_grid.
 template <class Cfg, bool kLazy, bool kRowSums = true, bool kIntMax = false, int kLinearExps = 0>
 __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                float s_log2, float rescale_log2, float p_offset_log2 = 0.f) {
+  static_assert(kLinearExps == 0 || !kRowSums, "an entry left as an e4m3 byte cannot be summed");
+  const float s_log2_e4m3 = kE4m3LinearStep * s_log2;
   bool any_moved = false;
   float m_blks[2];  // kIntMax: both rows' max(m_i, rowmax(S_ij)) at once (one vote)
   if constexpr (kIntMax) block_max<Cfg>(S, m, s_log2, m_blks);
@@ -501,18 +516,19 @@ __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&
     const float m_blk = kIntMax ? m_blks[slot] : fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
     const bool moved = !kLazy || m_blk - m[slot] > rescale_log2;  // -inf - (-inf): false
     any_moved |= moved;
-    const float m_new = moved ? m_blk : m[slot];
+    float m_new = moved ? m_blk : m[slot];
+    if constexpr (kLinearExps > 0) m_new = e4m3_linear_grid(m_new);
     // A row that has seen only masked keys keeps m = -inf; exponentiate against 0 so
     // that exp(-inf - (-inf)) never appears: its P is 0 and alpha is 0.
     const float m_base = m_new == -INFINITY ? 0.f : m_new;
     alpha[slot] = moved ? exp2_approx(m[slot] - m_base) : 1.f;
     m[slot] = m_new;
     const float shift = p_offset_log2 - m_base;
-    const float shift_linear = exp2_linear_offset(shift);
     float row_sum = 0.f;
+    const float offset_e4m3 = e4m3_linear_offset(shift);
     for_each_in_row<Cfg>(S, slot, [&](int n, float& s_ij) {
-      if ((n * kLinearExps) % 8 < kLinearExps)  // kLinearExps of every 8, spread
-        s_ij = exp2_linear(fmaf(s_ij, s_log2, shift_linear));
+      if (linear_exp_pair(n / 2, kLinearExps))
+        s_ij = exp2_e4m3_linear(fmaf(s_ij, s_log2_e4m3, offset_e4m3));
       else
         s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
       if constexpr (kRowSums) row_sum += s_ij;

@@ -266,6 +266,13 @@ __device__ inline void named_barrier_arrive(int id, int threads) {
 __device__ inline uint16_t pack2_e4m3(float b0, float b1) {
   return uint16_t(__nv_cvt_float2_to_fp8x2(make_float2(b0, b1), __NV_SATFINITE, __NV_E4M3));
 }
+// The same in bytes 0 and 1 of a 32-bit register whose upper half is 0 (the conversion
+// writes it so; pack2_e4m3's 16-bit result, widened, costs a mask).
+__device__ inline uint32_t pack2_e4m3_u32(float b0, float b1) {
+  uint32_t r;
+  asm("{.reg .b16 h; cvt.rn.satfinite.e4m3x2.f32 h, %2, %1; mov.b32 %0, {h, 0};}" : "=r"(r) : "f"(b0), "f"(b1));
+  return r;
+}
 // Four fp32 values -> one 32-bit register of four e4m3 bytes, as pack2_e4m3.
 __device__ inline uint32_t pack4_e4m3(float b0, float b1, float b2, float b3) {
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(b0, b1), __NV_SATFINITE, __NV_E4M3);

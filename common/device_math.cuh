@@ -36,12 +36,18 @@ __device__ inline float exp2_approx(float x) {
   return y;
 }
 
-// 2^x to within 4 % on the integer ALU, for a value about to be rounded to e4m3 (3 mantissa
-// bits: a step of 6-12 %): z = x + exp2_linear_offset(0), clamped, and a shift and an add
-// of its bits (common/exp2_linear.h explains the constants). Three instructions (FFMA,
-// FMNMX, LEA) where the MUFU's 2^x is two (FFMA, MUFU.EX2), none of them the MUFU's.
-__device__ inline float exp2_linear(float z) {
-  return __uint_as_float(exp2_linear_bits(__float_as_uint(fmaxf(z, kExp2LinearFloor))));
+// 2^x straight to its e4m3 byte (common/exp2_linear.h): z = fma(s, 8 s_log2,
+// e4m3_linear_offset(c)) clamped at the magic, the byte in its low 8 bits. Two instructions
+// (FFMA, FMNMX), and the byte needs no conversion (the line as a float needed a LEA and F2FP).
+__device__ inline float exp2_e4m3_linear(float z) { return fmaxf(z, kE4m3LinearMagic); }
+
+// The m' nearest m with 8 (m' + shift) an integer, so that e4m3_linear_offset(p - m') is an
+// exact integer for an integer p: round to nearest by the magic (four FMA-pipe
+// instructions; -inf stays -inf). A grid point maps to itself, and m' < m by at most 1/16
+// (a P of up to 2^(8 + 1/16) < 448 with FP8's offset of 2^8).
+__device__ inline float e4m3_linear_grid(float m) {
+  const float k = fmaf(m + kExp2LinearShift, kE4m3LinearStep, kE4m3LinearMagic) - kE4m3LinearMagic;
+  return fmaf(k, 1.f / kE4m3LinearStep, -kExp2LinearShift);
 }
 
 // log2(x) on the special-function unit, one MUFU.LG2 (log2(0) = -inf).

@@ -50,8 +50,8 @@ inline double e4m3_rounding_bound(double y, double scale) {
   return std::fmax(std::ldexp(std::fabs(y), -4), std::ldexp(scale, -10));
 }
 
-// exp2_linear (common/exp2_linear.h, device_math.cuh) on the host, step by step as the
-// kernel takes it: z = fma(x, 1, offset), clamped, then the bit step.
+// The line as a float (common/exp2_linear.h), step by step: z = fma(x, 1, offset), clamped,
+// then the bit step. What exp2_e4m3_linear's bytes are the e4m3 rounding of.
 inline float exp2_linear_host(float x) {
   const float z = std::fmax(std::fma(x, 1.f, exp2_linear_offset(0.f)), kExp2LinearFloor);
   uint32_t bits;
@@ -62,7 +62,7 @@ inline float exp2_linear_host(float x) {
   return y;
 }
 
-// Where exp2_linear is checked: a fine grid of fractions in every unit from -125 to 9 (2^x
+// Where the line is checked: a fine grid of fractions in every unit from -125 to 9 (2^x
 // a normal float: nearer -127 the result may be subnormal), then points whose 2^x must be
 // exactly 0 (x <= -127, -inf).
 struct Exp2LinearPoints {
@@ -79,7 +79,7 @@ inline Exp2LinearPoints exp2_linear_points() {
   return p;
 }
 
-// y = 2^x as exp2_linear gives it, for the points above: relative error -3.9 % .. +2.0 %
+// y = 2^x as the line gives it, for the points above: relative error -3.9 % .. +2.0 %
 // over the grid, zero on average (so that the entries the FP8 softmax takes this way weigh
 // as much as the MUFU's), and exactly 0 at the zeros.
 inline void expect_exp2_linear_bounds(const Exp2LinearPoints& p, const std::vector<float>& y) {
@@ -95,6 +95,70 @@ inline void expect_exp2_linear_bounds(const Exp2LinearPoints& p, const std::vect
   EXPECT_LE(hi, 0.021) << "2^x too high somewhere";
   EXPECT_NEAR(sum / double(p.n_grid), 0.0, 2e-3) << "biased against the MUFU's 2^x";
   for (size_t i = p.n_grid; i < p.x.size(); ++i) EXPECT_EQ(y[i], 0.f) << "2^" << p.x[i];
+}
+
+// e4m3_linear_grid (device_math.cuh) on the host, step by step as the kernel takes it.
+inline float e4m3_linear_grid_host(float m) {
+  const float k = std::fma(m + kExp2LinearShift, kE4m3LinearStep, kE4m3LinearMagic) - kE4m3LinearMagic;
+  return std::fma(k, 1.f / kE4m3LinearStep, -kExp2LinearShift);
+}
+
+// exp2_e4m3_linear (device_math.cuh) on the host, as online_softmax calls it for a score s:
+// the e4m3 byte of 2^(s s_log2 + c), c = p - m with m on e4m3_linear_grid.
+inline uint8_t exp2_e4m3_linear_host(float s, float s_log2, float c) {
+  const float z = std::fmax(std::fma(s, kE4m3LinearStep * s_log2, e4m3_linear_offset(c)), kE4m3LinearMagic);
+  uint32_t bits;
+  std::memcpy(&bits, &z, sizeof bits);
+  return uint8_t(bits & 0xffu);
+}
+
+// Where exp2_e4m3_linear is checked: for rows whose running max m is each of `maxima`
+// (on the grid, then c = 8 - m as FP8's offset of 2^8 makes it), scores s from m down to
+// m - 24 in steps of 2^-9 (2^(s - m + 8) from 2^8 down past e4m3's range), then -inf.
+struct Exp2E4m3Points {
+  std::vector<float> s, c;
+};
+inline Exp2E4m3Points exp2_e4m3_linear_points() {
+  Exp2E4m3Points p;
+  for (float m : {-1000.3f, -17.2f, -1.f, 0.f, 0.03f, 3.7f, 12.5f, 99.99f, 1234.5f}) {
+    const float g = e4m3_linear_grid_host(m), c = 8.f - g;
+    for (int k = 0; k <= 24 * 512; ++k) {
+      p.s.push_back(g - float(k) / 512.f);
+      p.c.push_back(c);
+    }
+    p.s.push_back(-INFINITY);
+    p.c.push_back(c);
+  }
+  return p;
+}
+
+// The bytes for the points above: where 2^(x - shift) (x = s + c) is an e4m3 normal number,
+// exactly round(8 (x - shift) + 56), the e4m3 rounding of exp2_linear's line (ties to even,
+// and off by one only where 8 (x - shift) lies within 2^-10 of a tie, which the float
+// arithmetic may round either way); below, a byte of at most 2^-6; never above 2^(8 + 1/16)
+// rounded, and 0 at -inf.
+inline void expect_exp2_e4m3_linear_bytes(const Exp2E4m3Points& p, const std::vector<uint8_t>& b) {
+  ASSERT_EQ(b.size(), p.s.size());
+  int checked_normal = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (p.s[i] == -INFINITY) {
+      EXPECT_EQ(b[i], 0) << "2^-inf";
+      continue;
+    }
+    const double y = (double(p.s[i]) + double(p.c[i]) - double(kExp2LinearShift)) * kE4m3LinearStep + 56.0;
+    ASSERT_LE(b[i], 0x78) << "s " << p.s[i] << " c " << p.c[i] << ": above 2^8";
+    if (y >= 8.0) {  // 2^(x - shift) >= 2^-6
+      const double tie_distance = std::fabs(y - std::floor(y) - 0.5);
+      if (tie_distance > 1.0 / 1024)
+        ASSERT_EQ(b[i], uint8_t(std::nearbyint(y))) << "s " << p.s[i] << " c " << p.c[i];
+      else
+        ASSERT_LE(std::fabs(double(b[i]) - y), 0.5 + 1.0 / 1024) << "s " << p.s[i] << " c " << p.c[i];
+      ++checked_normal;
+    } else {
+      ASSERT_LE(e4m3_value(b[i]), std::ldexp(1.0, -6)) << "s " << p.s[i] << " c " << p.c[i];
+    }
+  }
+  EXPECT_GT(checked_normal, int(b.size() / 2));
 }
 
 }  // namespace attn::testing

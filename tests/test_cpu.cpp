@@ -559,9 +559,9 @@ TEST(Fp8Model, E4m3Values) {
   EXPECT_TRUE(std::isnan(attn::testing::e4m3_value(0x7F)));
 }
 
-// The FP8 softmax's integer-ALU 2^x (common/exp2_linear.h), its arithmetic on the host:
-// within -3.9 % .. +2.0 %, unbiased over the fraction, exactly 0 from x = -127 down and at
-// -inf. (The GPU test Fp8LinearExp2WithinBoundsAndUnbiased runs the device function.)
+// The line the FP8 softmax's integer-ALU 2^x rounds to e4m3 (common/exp2_linear.h), as a
+// float on the host: within -3.9 % .. +2.0 %, unbiased over the fraction, exactly 0 from
+// x = -127 down and at -inf.
 TEST(Exp2Linear, WithinBoundsUnbiasedAndZeroBelowRange) {
   using namespace attn::testing;
   const Exp2LinearPoints points = exp2_linear_points();
@@ -571,6 +571,33 @@ TEST(Exp2Linear, WithinBoundsUnbiasedAndZeroBelowRange) {
   // At an integer x the line is exact and the shift of 0.0575 (471 ulps of z, 2^-13 each)
   // lowers it to 2^x (1 - 471 / 2^14).
   for (float x : {-5.f, 0.f, 1.f, 3.f}) EXPECT_EQ(exp2_linear_host(x), std::ldexp(1.f - 471.f / 16384.f, int(x)));
+}
+
+// The same line straight to e4m3 bytes (exp2_e4m3_linear), its arithmetic on the host: the
+// running max on a grid of 1/8 (shifted), each point its own, within 1/16 of the max; the
+// bytes exp2_linear's line rounded to e4m3. (The GPU test Fp8LinearExp2E4m3Bytes runs the
+// device function.)
+TEST(Exp2Linear, E4m3BytesAreTheLineRounded) {
+  using namespace attn::testing;
+  for (float m : {-3000.7f, -100.01f, -1.f, -0.0574f, 0.f, 0.06f, 0.5f, 7.77f, 42.f, 2999.9f}) {
+    const float g = e4m3_linear_grid_host(m);
+    EXPECT_LE(std::fabs(double(g) - double(m)), 1.0 / 16 + 1e-3) << m;
+    EXPECT_EQ(e4m3_linear_grid_host(g), g) << m << ": a grid point maps to itself";
+    const double k = (double(g) + double(kExp2LinearShift)) * kE4m3LinearStep;
+    EXPECT_NEAR(k, std::nearbyint(k), 1e-3) << m;
+    EXPECT_EQ(std::fmod(double(e4m3_linear_offset(8.f - g)), 1.0), 0.0) << m << ": the FFMA's addend is an integer";
+  }
+  EXPECT_EQ(e4m3_linear_grid_host(-INFINITY), -INFINITY);
+  const Exp2E4m3Points points = exp2_e4m3_linear_points();
+  std::vector<uint8_t> b;
+  for (size_t i = 0; i < points.s.size(); ++i) b.push_back(exp2_e4m3_linear_host(points.s[i], 1.f, points.c[i]));
+  expect_exp2_e4m3_linear_bytes(points, b);
+  // A row whose max is 0: its grid point is -0.0575, and the max's P is 2^8 (0x78), as is
+  // the grid point's.
+  const float g0 = e4m3_linear_grid_host(0.f);
+  EXPECT_EQ(g0, -kExp2LinearShift);
+  EXPECT_EQ(exp2_e4m3_linear_host(0.f, 1.f, 8.f - g0), 0x78);
+  EXPECT_EQ(exp2_e4m3_linear_host(g0, 1.f, 8.f - g0), 0x78);
 }
 
 // The benches' --timing names (attn_bench, fp8_accuracy).

@@ -1,7 +1,7 @@
 // GPU tests of rung 06's FP8 path beyond the ladder tests (which run every fp8 stage against
 // fp64 on the odd shapes, sanitize it and check repeat runs, in test_gpu.cpp):
-//   - the softmax's integer-ALU 2^x (exp2_linear) within its error bounds, unbiased, and 0
-//     below 2^-127 and at -inf (masked keys);
+//   - the softmax's integer-ALU 2^x (exp2_e4m3_linear): the e4m3 bytes of its line, bit for
+//     bit the host's arithmetic, and 0 at -inf (masked keys); its running max's grid;
 //   - the pre-kernel against its host model (tests/fp8_model.h) at every FP8 head dim: the
 //     Hadamard transform, the block scales, the e4m3 rounding and V̂ᵀ's permuted key order,
 //     with one block per CTA and with several (its persistent grid);
@@ -141,19 +141,24 @@ TEST_F(Gpu, SanitizeFp8PreKernelManyBlocksPerCta) {
     }
 }
 
-// exp2_linear on the device (common/exp2_linear.h has the arithmetic; the CPU test
-// Exp2Linear checks its host mirror): within its bounds, unbiased, 0 below its range.
-TEST_F(Gpu, Fp8LinearExp2WithinBoundsAndUnbiased) {
+// exp2_e4m3_linear and e4m3_linear_grid on the device (the CPU test
+// Exp2Linear.E4m3BytesAreTheLineRounded checks their host mirrors): the bytes the line
+// rounds to, and bit for bit the host's arithmetic.
+TEST_F(Gpu, Fp8LinearExp2E4m3Bytes) {
   if (!runs_here(find_stage("06_fp8"), AttnProblem{1, 1, 1, 64, 64, 128, false, DType::fp8_e4m3}))
     GTEST_SKIP() << "06_fp8 does not run here";
-  const Exp2LinearPoints points = exp2_linear_points();
-  const std::vector<float> y = fa3::exp2_linear_on_gpu(points.x);
-  expect_exp2_linear_bounds(points, y);
-  for (size_t i = 0; i < y.size(); ++i)  // and bit for bit the host's arithmetic
-    if (y[i] != exp2_linear_host(points.x[i])) {
-      ADD_FAILURE() << "2^" << points.x[i] << ": device " << y[i] << ", host " << exp2_linear_host(points.x[i]);
+  const Exp2E4m3Points points = exp2_e4m3_linear_points();
+  const std::vector<uint8_t> b = fa3::exp2_e4m3_linear_on_gpu(points.s, points.c);
+  expect_exp2_e4m3_linear_bytes(points, b);
+  for (size_t i = 0; i < b.size(); ++i)
+    if (b[i] != exp2_e4m3_linear_host(points.s[i], 1.f, points.c[i])) {
+      ADD_FAILURE() << "s " << points.s[i] << " c " << points.c[i] << ": device " << int(b[i]) << ", host "
+                    << int(exp2_e4m3_linear_host(points.s[i], 1.f, points.c[i]));
       break;
     }
+  const std::vector<float> m = {-INFINITY, -3000.7f, -1.f, 0.f, 0.06f, 7.77f, 2999.9f};
+  const std::vector<float> g = fa3::e4m3_linear_grid_on_gpu(m);
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(g[i], e4m3_linear_grid_host(m[i])) << m[i];
 }
 
 TEST_F(Gpu, Fp8FullVariantBeatsPerTensorBaselineOnOutliers) {
