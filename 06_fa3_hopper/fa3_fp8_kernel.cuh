@@ -185,8 +185,8 @@ __device__ void init_row_sum_rows(Smem& s) {
 //   g = 4 kk + 2 (q / 2), s = q % 2.
 template <class Cfg>
 __device__ void to_operand_fp8(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
-  // A pair that exp2_e4m3_linear took holds its two bytes in the low 8 bits
-  // of its two floats: a byte permute moves them where the register wants them.
+  // A pair that exp2_e4m3_linear took (linear_exp_pair) holds its two bytes in the low 8
+  // bits of its two floats: a byte permute moves them where the register wants them.
   auto bytes = [](float lo, float hi, uint32_t selector) {
     return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), selector);
   };
@@ -206,7 +206,6 @@ __device__ void to_operand_fp8(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[
       }
     }
 }
-
 
 // O_i's first d columns, as write_output and rescale take them (the accumulator may have the
 // row-sum column's 8 more).

@@ -457,11 +457,11 @@ __device__ bool block_needs_mask(int j, int wg_row0, const Prm& p) {
   return key_end > p.Nk || (p.causal && key_end - 1 > wg_row0 + (p.Nk - p.Nq));
 }
 
-// kLinearExps (online_softmax): whether pair `pair` (entries 2 pair, 2 pair + 1) of a row is among the k of
-// every 8 pairs whose exponentials exp2_e4m3_linear takes. P's operand registers hold two
-// pairs each (to_operand_fp8): two converted pairs cost 2 instructions (F2FP, F2FP merging),
-// two pairs of bytes 3 (PRMT), one of each 3, so whole registers go first, the 4 of every 8
-// in the order 0, 2, 1, 3, then for an odd k one pair alone.
+// online_softmax's kLinearExps: whether pair `pair` (entries 2 pair, 2 pair + 1) of a row is
+// among the k of every 8 pairs whose exponentials exp2_e4m3_linear takes. P's operand
+// registers hold two pairs each (to_operand_fp8): two converted pairs cost 2 instructions
+// (F2FP, F2FP merging), two pairs of bytes 3 (PRMT), one of each 3, so whole registers go
+// first, the 4 of every 8 in the order 0, 2, 1, 3, then for an odd k one pair alone.
 constexpr bool linear_exp_pair(int pair, int k) {
   const int reg = pair / 2 % 4;
   return 2 * (reg % 2 * 2 + reg / 2) + pair % 2 < k;
@@ -524,8 +524,8 @@ __device__ bool online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&
     alpha[slot] = moved ? exp2_approx(m[slot] - m_base) : 1.f;
     m[slot] = m_new;
     const float shift = p_offset_log2 - m_base;
-    float row_sum = 0.f;
     const float offset_e4m3 = e4m3_linear_offset(shift);
+    float row_sum = 0.f;
     for_each_in_row<Cfg>(S, slot, [&](int n, float& s_ij) {
       if (linear_exp_pair(n / 2, kLinearExps))
         s_ij = exp2_e4m3_linear(fmaf(s_ij, s_log2_e4m3, offset_e4m3));

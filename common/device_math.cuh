@@ -43,8 +43,8 @@ __device__ inline float exp2_e4m3_linear(float z) { return fmaxf(z, kE4m3LinearM
 
 // The m' nearest m with 8 (m' + shift) an integer, so that e4m3_linear_offset(p - m') is an
 // exact integer for an integer p: round to nearest by the magic (four FMA-pipe
-// instructions; -inf stays -inf). A grid point maps to itself, and m' < m by at most 1/16
-// (a P of up to 2^(8 + 1/16) < 448 with FP8's offset of 2^8).
+// instructions; -inf stays -inf). A grid point maps to itself, and m' is within 1/16 of m
+// (below it, a row's largest P is up to 2^(8 + 1/16) < 448 with FP8's offset of 2^8).
 __device__ inline float e4m3_linear_grid(float m) {
   const float k = fmaf(m + kExp2LinearShift, kE4m3LinearStep, kE4m3LinearMagic) - kE4m3LinearMagic;
   return fmaf(k, 1.f / kE4m3LinearStep, -kExp2LinearShift);
