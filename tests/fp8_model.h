@@ -112,9 +112,10 @@ inline uint8_t exp2_e4m3_linear_host(float s, float s_log2, float c) {
   return uint8_t(bits & 0xffu);
 }
 
-// Where exp2_e4m3_linear is checked: for rows whose running max m is each of `maxima`
-// (on the grid, then c = 8 - m as FP8's offset of 2^8 makes it), scores s from m down to
-// m - 24 in steps of 2^-9 (2^(s - m + 8) from 2^8 down past e4m3's range), then -inf.
+// Where exp2_e4m3_linear is checked: rows whose running max m is one of a few values from
+// -1000 to 1234 (on the grid, then c = 8 - m as FP8's offset of 2^8 makes it), scores s
+// from m down to m - 24 in steps of 2^-9 (2^(s - m + 8) from 2^8 down past e4m3's range),
+// then -inf.
 struct Exp2E4m3Points {
   std::vector<float> s, c;
 };
@@ -133,10 +134,10 @@ inline Exp2E4m3Points exp2_e4m3_linear_points() {
 }
 
 // The bytes for the points above: where 2^(x - shift) (x = s + c) is an e4m3 normal number,
-// exactly round(8 (x - shift) + 56), the e4m3 rounding of exp2_linear's line (ties to even,
-// and off by one only where 8 (x - shift) lies within 2^-10 of a tie, which the float
-// arithmetic may round either way); below, a byte of at most 2^-6; never above 2^(8 + 1/16)
-// rounded, and 0 at -inf.
+// exactly round(8 (x - shift) + 56) (ties to even, and off by one only where 8 (x - shift)
+// lies within 2^-10 of a tie, which the float arithmetic may round either way), so within
+// half an e4m3 step of the line as a float (exp2_linear_host): its e4m3 rounding; below, a
+// byte of at most 2^-6; never above 2^8, and 0 at -inf.
 inline void expect_exp2_e4m3_linear_bytes(const Exp2E4m3Points& p, const std::vector<uint8_t>& b) {
   ASSERT_EQ(b.size(), p.s.size());
   int checked_normal = 0;
@@ -153,6 +154,9 @@ inline void expect_exp2_e4m3_linear_bytes(const Exp2E4m3Points& p, const std::ve
         ASSERT_EQ(b[i], uint8_t(std::nearbyint(y))) << "s " << p.s[i] << " c " << p.c[i];
       else
         ASSERT_LE(std::fabs(double(b[i]) - y), 0.5 + 1.0 / 1024) << "s " << p.s[i] << " c " << p.c[i];
+      const double line = exp2_linear_host(p.s[i] + p.c[i]);
+      ASSERT_LE(std::fabs(e4m3_value(b[i]) - line), std::ldexp(line, -4) * (1 + 1e-3))
+          << "s " << p.s[i] << " c " << p.c[i] << ": not the line's e4m3 rounding";
       ++checked_normal;
     } else {
       ASSERT_LE(e4m3_value(b[i]), std::ldexp(1.0, -6)) << "s " << p.s[i] << " c " << p.c[i];
