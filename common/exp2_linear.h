@@ -35,8 +35,9 @@ constexpr uint32_t exp2_linear_bits(uint32_t z_bits) { return (z_bits << 10) + (
 // bits, with no conversion. The caller forms z = s * (8 s_log2) + e4m3_linear_offset(c) for x = s s_log2 + c
 // and clamps z at the magic (byte 0: P = 0). The addend must be an exact integer, which
 // takes 8 (c - shift) integer: the caller keeps m_i, c's varying part, on a grid of 1/8
-// (e4m3_linear_grid). The byte is then exactly what the line as a float rounds to as an
-// e4m3 normal number (2^(x - shift) >= 2^-6, x >= -5.94); below, the byte is a subnormal's
+// (e4m3_linear_grid). The byte is then what the line as a float rounds to as an e4m3
+// normal number (2^(x - shift) >= 2^-6, x >= -5.94; one rounding where the float took two,
+// so the two may differ next to a tie); below, the byte is a subnormal's
 // (multiples of 2^-9), down to 0 at x < -6.94, where the float line rounds to e4m3
 // multiples of 2^-9 down to 2^-10.
 constexpr float kE4m3LinearMagic = 12582912.f;  // 1.5 * 2^23
