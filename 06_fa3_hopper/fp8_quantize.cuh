@@ -241,6 +241,9 @@ __global__ void __launch_bounds__(kRowThreads<R>) quantize_rows(const QuantArgs 
   Smem& sm = *reinterpret_cast<Smem*>(quant_smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int total = a.heads * a.blocks;
+  // The next tensor's launch may start as this grid's CTAs leave their SMs
+  // (launch_quantize_rows): it reads and writes other tensors.
+  grid_dependents_may_launch();
 
   // Block `block`'s rows into stage `stage`: one bulk copy of its rows below N.
   auto fetch = [&](int block, int stage) {
@@ -291,6 +294,10 @@ __global__ void __launch_bounds__(kRowThreads<R>) quantize_rows(const QuantArgs 
       }
     }
   }
+  // Launched beside the previous tensor's grid: finish only after it, so that the stream's
+  // next ordinary launch (the attention kernel, or the second per-tensor pass) finds every
+  // tensor done.
+  grid_dependency_wait();
 }
 
 // One launch of quantize_rows over the tensor's `a.heads * a.blocks` blocks: as many CTAs
@@ -298,16 +305,28 @@ __global__ void __launch_bounds__(kRowThreads<R>) quantize_rows(const QuantArgs 
 // instead (the loop runs once; the hardware hands out the next CTA): measured on an H100,
 // N = 8k / 16k, 0.085 / 0.152 ms against 0.092 / 0.165 persistent, where d = 128 and 256
 // ran 10 % slower so (0.095 / 0.172 against 0.086 / 0.152 at d = 128).
+//
+// beside_previous: a programmatic dependent launch (the stream's previous kernel, the
+// pre-kernel of another tensor, lets it start as its own CTAs finish: quantize_rows), so
+// that this grid's first blocks fill the SMs the previous grid's last round leaves idle.
 template <int D, int R, bool kTransposed>
-void launch_quantize_rows(const QuantArgs& a, QuantPass pass, cudaStream_t stream) {
+void launch_quantize_rows(const QuantArgs& a, QuantPass pass, bool beside_previous, cudaStream_t stream) {
   constexpr auto kKernel = quantize_rows<D, R, kTransposed>;
   constexpr size_t kSmemBytes = sizeof(QuantSmem<D, R, kTransposed>);
   constexpr bool kPersistent = D > 64;
   const int ctas_per_sm = configure_kernel<kKernel>(kRowThreads<R>, kSmemBytes);
   const long long total = 1LL * a.heads * a.blocks;
-  const unsigned ctas = kPersistent ? persistent_grid(total, ctas_per_sm) : unsigned(total);
-  kKernel<<<ctas, kRowThreads<R>, kSmemBytes, stream>>>(a, pass);
-  CUDA_CHECK_LAUNCH();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kPersistent ? persistent_grid(total, ctas_per_sm) : unsigned(total));
+  config.blockDim = dim3(kRowThreads<R>);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute beside{};
+  beside.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  beside.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &beside;
+  config.numAttrs = beside_previous ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, a, pass));
 }
 
 // The whole pre-kernel: Q, K, V of `t` -> the workspace. Keys past Nk are zero in Vᵀ.
@@ -327,10 +346,11 @@ void quantize_inputs(const AttnProblem& p, const AttnTensors& t, const Fp8Option
   const QuantArgs k = args(t.k, ws.k8, ws.k_scale, 1, p.B * p.Hkv, p.Nk, ws.kv_blocks, opt.hadamard);
   const QuantArgs v = args(t.v, ws.vt8, ws.v_scale, 2, p.B * p.Hkv, p.Nk, ws.kv_blocks, false);
   constexpr int B_c = fp8_block_cols(D);
+  // Q after whatever came before in the stream; K and V beside the tensor before them.
   auto run = [&](QuantPass pass) {
-    launch_quantize_rows<D, kFp8QBlockRows, false>(q, pass, stream);
-    launch_quantize_rows<D, B_c, false>(k, pass, stream);
-    launch_quantize_rows<D, B_c, true>(v, pass, stream);
+    launch_quantize_rows<D, kFp8QBlockRows, false>(q, pass, /*beside_previous=*/false, stream);
+    launch_quantize_rows<D, B_c, false>(k, pass, /*beside_previous=*/true, stream);
+    launch_quantize_rows<D, B_c, true>(v, pass, /*beside_previous=*/true, stream);
   };
   if (opt.block_scales) {
     run(QuantPass::block_amax);

@@ -91,6 +91,17 @@ inline unsigned persistent_grid(long long units, int ctas_per_sm) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Device: programmatic dependent launch (PTX ISA 9.7.13.12, griddepcontrol)
+// ---------------------------------------------------------------------------------------
+
+// Lets the stream's next kernel, if it was launched with programmatic stream serialization,
+// be scheduled once every CTA of this grid has executed this (or exited).
+__device__ inline void grid_dependents_may_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// Waits until the grids this one was launched beside have completed and their memory
+// operations are visible; a no-op in a grid launched the ordinary way.
+__device__ inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// ---------------------------------------------------------------------------------------
 // Device: shared-memory addresses, mbarriers (PTX ISA 9.7.13.15)
 // ---------------------------------------------------------------------------------------
 
