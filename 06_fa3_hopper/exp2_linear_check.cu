@@ -12,7 +12,7 @@ namespace {
 
 __global__ void exp2_e4m3_linear_kernel(const float* s, const float* c, uint8_t* b, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;  // as online_softmax, with s_log2 = 1
-  if (i < n) b[i] = uint8_t(__float_as_uint(exp2_e4m3_linear(fmaf(s[i], kE4m3LinearStep * 1.f, e4m3_linear_offset(c[i])))));
+  if (i < n) b[i] = uint8_t(__float_as_uint(exp2_e4m3_linear(fmaf(s[i], kE4m3LinearStep, e4m3_linear_offset(c[i])))));
 }
 
 __global__ void e4m3_linear_grid_kernel(const float* m, float* g, int n) {
@@ -37,7 +37,8 @@ DeviceBuffer to_device(const std::vector<float>& h) {
 
 std::vector<uint8_t> exp2_e4m3_linear_on_gpu(const std::vector<float>& s, const std::vector<float>& c) {
   const int n = int(s.size());
-  if (n == 0 || c.size() != s.size()) throw AttnError("exp2_e4m3_linear_on_gpu: s and c must be equal, non-empty");
+  if (c.size() != s.size()) throw AttnError("exp2_e4m3_linear_on_gpu: s and c differ in size");
+  if (n == 0) return {};
   const DeviceBuffer ds = to_device(s), dc = to_device(c);
   DeviceBuffer db(s.size());
   exp2_e4m3_linear_kernel<<<(n + 255) / 256, 256>>>(ds.as<float>(), dc.as<float>(), db.as<uint8_t>(), n);

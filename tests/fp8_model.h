@@ -50,13 +50,18 @@ inline double e4m3_rounding_bound(double y, double scale) {
   return std::fmax(std::ldexp(std::fabs(y), -4), std::ldexp(scale, -10));
 }
 
-// The line as a float (common/exp2_linear.h), step by step: z = fma(x, 1, offset), clamped,
-// then the bit step. What exp2_e4m3_linear's bytes are the e4m3 rounding of.
+// The line of common/exp2_linear.h as a float, 2^(x - kExp2LinearShift) to within 4 %: what
+// exp2_e4m3_linear's bytes are the e4m3 rounding of (the kernels took it this way, then an
+// F2FP, before they took the byte directly). z = x + offset with the magic 1.5 * 2^10 in the
+// offset (ulp 2^-13: z's mantissa field is 2^22 + 2^13 x), clamped at x = -127; shifted left
+// by 10 (2^22 falls off the top) the field is 2^23 x, and adding 127 << 23 gives the bits
+// 2^23 (x + 127) of 2^i (1 + f), +0 at the clamp.
 inline float exp2_linear_host(float x) {
-  const float z = std::fmax(std::fma(x, 1.f, exp2_linear_offset(0.f)), kExp2LinearFloor);
+  constexpr float kMagic = 1536.f, kFloor = kMagic - 127.f;
+  const float z = std::fmax(std::fma(x, 1.f, kMagic - kExp2LinearShift), kFloor);
   uint32_t bits;
   std::memcpy(&bits, &z, sizeof bits);
-  bits = exp2_linear_bits(bits);
+  bits = (bits << 10) + (127u << 23);
   float y;
   std::memcpy(&y, &bits, sizeof y);
   return y;
