@@ -1,6 +1,6 @@
 // attn_bench: runs the ladder. Every registered rung (or --rungs) on every problem of the
 // sweep, with the same inputs per problem; prints a progress line per row and a table at
-// the end; writes CSV/JSON rows (schema in common/harness.h).
+// the end; writes CSV/JSON rows (schema in bench/harness.h).
 //
 //   attn_bench --paper-sweep --check --csv results/h100/ladder.csv
 //   attn_bench --rungs 02_safe_softmax,03a_online_softmax --n 8192 --d 128
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/harness.h"
+#include "bench/harness.h"
 #include "common/tolerance.h"
 
 using namespace attn;

@@ -23,7 +23,7 @@
 
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "common/check.h"
-#include "common/harness.h"
+#include "bench/harness.h"
 #include "common/hbm_model.h"
 
 using namespace attn;

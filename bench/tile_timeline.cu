@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "common/device_buffer.h"
-#include "common/harness.h"
+#include "bench/harness.h"
 
 namespace attn::fa3 {
 
@@ -77,7 +77,7 @@ double median(std::vector<double> v) {
 // The timeline of one kernel: Cfg its tile configuration, `launch` one launch of it.
 template <class Cfg, class Launch>
 int report(const char* name, const AttnProblem& p, Launch&& launch) {
-  // attn_bench's protocol (common/harness.h: time_launch): 0.3 s of warm-up, under the
+  // attn_bench's protocol (bench/harness.h: time_launch): 0.3 s of warm-up, under the
   // power cap the SM clock settles over tenths of a second; then one run after an L2
   // flush, whose marks are the ones read below.
   HarnessOptions opt;

@@ -1,6 +1,6 @@
 // Measured DRAM bytes of one range of GPU work, with the CUPTI range profiler of CUDA 13.
-// The steps follow notes/cupti_range_profiler.md in order; each CUPTI call sits in one
-// small function below and a failure throws CuptiError naming the call. The constructor
+// The steps are the CUPTI range profiler's, in the order below; each CUPTI call sits in one
+// small function and a failure throws CuptiError naming the call. The constructor
 // turns any failure into available() = false with the message as reason(), so a machine
 // without a GPU or without profiling permission still runs the bench (columns left empty).
 //
@@ -12,8 +12,8 @@
 //
 // What the numbers mean: DRAM traffic while the range was open, as ncu reports it for a
 // kernel. Reads are exact (the flush leaves nothing of the inputs in L2). Writes miss
-// the dirty lines still in L2 when the range closes: they reach DRAM later. On an H200
-// a 256 MB copy reads 256.0 MB and writes 233.4 MB; outputs of a few MB show ~0 writes.
+// the dirty lines still in L2 when the range closes: they reach DRAM later, so outputs of
+// a few MB show almost no writes.
 #include "common/hbm_counter.h"
 
 #include <cuda.h>

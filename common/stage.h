@@ -1,5 +1,6 @@
-// The Stage record: what every rung registers, once. The bench, the tests and the C API
-// all iterate registry(); nothing else lists the rungs.
+// The Stage record: what every rung registers, once, and the checks every entry point runs
+// before a launch. The list of rungs is ladder/registry.h, one floor up: common/ includes
+// no rung.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,11 +50,6 @@ struct Stage {
   bool supports(DType t) const;
   bool supports_head_dim(int d) const;
 };
-
-// All rungs, in ladder order.
-const std::vector<Stage>& registry();
-// Throws AttnError listing the registered names when `name` is unknown.
-const Stage& find_stage(const std::string& name);
 
 // Checks that need no GPU: sizes >= 1, Hkv divides H, dtype and head dim supported,
 // the rung's own refuse(). Throws AttnError.

@@ -1,6 +1,6 @@
 """Run any rung of the attention ladder on PyTorch tensors.
 
-A thin ctypes wrapper over the C API of libattn_ladder.so (common/c_api.h); nothing to
+A thin ctypes wrapper over the C API of libattn_ladder.so (ladder/c_api.h); nothing to
 build beyond the library itself:
 
     import torch, attn_ladder
@@ -31,12 +31,12 @@ __all__ = ["AttnLadderError", "library_path", "rungs", "run"]
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 _DEFAULT_LIB = _REPO / "build" / "libattn_ladder.so"
 
-# attn_problem_t.dtype codes (common/c_api.h). The FP8 rungs take bf16 tensors and quantize
+# attn_problem_t.dtype codes (ladder/c_api.h). The FP8 rungs take bf16 tensors and quantize
 # them to e4m3 themselves: run(..., fp8=True) passes bf16 tensors with code _FP8.
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 _FP8 = 2
 
-# attn_run return codes (common/c_api.h).
+# attn_run return codes (ladder/c_api.h).
 _OK, _INVALID_INPUT, _CUDA_ERROR, _UNKNOWN_RUNG = 0, 1, 2, 3
 _CODE_NAMES = {_INVALID_INPUT: "invalid input", _CUDA_ERROR: "CUDA error", _UNKNOWN_RUNG: "unknown rung"}
 

@@ -42,7 +42,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
-# The bench's CSV schema, in order (bench/ and common/harness write the same).
+# The bench's CSV schema, in order (bench/harness.cu writes the same).
 COLUMNS = [
     "gpu", "rung", "dtype", "B", "H", "Hkv", "Nq", "Nk", "d", "causal",
     "time_ms_median", "time_ms_min", "time_ms_max", "tflops",
@@ -66,7 +66,7 @@ PAPER_N = [512, 1024, 2048, 4096, 8192, 16384]
 PAPER_D = [64, 128, 256]
 
 WARMUP = 3
-WARM_SECONDS = 0.3  # and keep launching until this long has passed (common/harness.h: time_launch)
+WARM_SECONDS = 0.3  # and keep launching until this long has passed (bench/harness.h: time_launch)
 FLUSH_L2_MULTIPLE = 2  # the flush buffer is this many times L2
 # err_vs_ref, as the harness: every row up to this many multiply-adds, else sampled rows.
 FULL_REF_MACS = 4e9
@@ -132,7 +132,7 @@ def problems(args):
 
 
 def gpu_name():
-    """As the bench (common/harness.cu gpu_slug): lowercased, every other character '_'."""
+    """As the bench (bench/harness.cu gpu_slug): lowercased, every other character '_'."""
     return re.sub(r"[^0-9a-z]", "_", torch.cuda.get_device_name().lower())
 
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "common/harness.h"
+#include "bench/harness.h"
 #include "common/tolerance.h"
 
 namespace attn::testing {

@@ -9,10 +9,11 @@
 #include "05_fa2_reordered/fa2_tiles.h"
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "06_fa3_hopper/swizzle.h"
-#include "common/harness.h"
+#include "bench/harness.h"
 #include "common/hbm_model.h"
 #include "common/reference.h"
 #include "common/stage.h"
+#include "ladder/registry.h"
 #include "common/tile_order.h"
 #include "tests/fp8_model.h"
 

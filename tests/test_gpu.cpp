@@ -11,9 +11,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/c_api.h"
+#include "ladder/c_api.h"
 #include "common/check.h"
-#include "common/harness.h"
+#include "bench/harness.h"
 #include "common/hbm_model.h"
 #include "common/tolerance.h"
 #include "tests/gpu_test_util.h"

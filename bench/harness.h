@@ -17,7 +17,7 @@
 #include "common/device_buffer.h"
 #include "common/hbm_counter.h"
 #include "common/reference.h"
-#include "common/stage.h"
+#include "ladder/registry.h"
 
 namespace attn {
 

@@ -1,4 +1,4 @@
-#include "common/harness.h"
+#include "bench/harness.h"
 
 #include <cublas_v2.h>
 

@@ -1,11 +1,11 @@
-#include "common/c_api.h"
+#include "ladder/c_api.h"
 
 #include <cstring>
 #include <string>
 
 #include "common/check.h"
 #include "common/device_buffer.h"
-#include "common/stage.h"
+#include "ladder/registry.h"
 
 namespace {
 
