@@ -28,7 +28,7 @@ Stage fused_online_stage() {
   s.summary = "one fused kernel, a warp per query row: online softmax in registers, no N^2 memory";
   s.min_sm = 80;
   s.dtypes = {DType::bf16, DType::fp16};
-  s.head_dims = {64, 128};
+  s.head_dims = {LADDER_HEAD_DIMS};  // CMakeLists.txt: ladder_stage_head_dims
   s.gqa = true;
   s.writes_lse = true;
   s.compute_bound = true;

@@ -62,7 +62,7 @@ std::vector<Stage> fa1_stages() {
   s.summary = "FlashAttention-1 Algorithm 1: K/V blocks outer, Q blocks inner, O/l/m through HBM, WMMA";
   s.min_sm = 80;
   s.dtypes = {DType::bf16, DType::fp16};
-  s.head_dims = {64, 128};
+  s.head_dims = {LADDER_HEAD_DIMS};  // CMakeLists.txt: ladder_stage_head_dims
   s.gqa = true;
   s.writes_lse = true;
   s.compute_bound = true;

@@ -24,3 +24,16 @@ function(ladder_instances out_var)
   endforeach()
   set(${out_var} ${files} PARENT_SCOPE)
 endfunction()
+
+# ladder_stage_head_dims(<stages source> <d...>)
+#
+# A rung's list of head dims lives once, in its CMakeLists.txt: the same list goes to
+# ladder_instances() (which kernels are compiled) and, through this, to the Stage record
+# in <stages source> as the macro LADDER_HEAD_DIMS (`s.head_dims = {LADDER_HEAD_DIMS};`),
+# so a head dim cannot be registered without its kernel or compiled without being offered.
+function(ladder_stage_head_dims source)
+  list(JOIN ARGN "," dims)
+  # The kernels' library is defined at the top level: the property must be visible there.
+  set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/${source} TARGET_DIRECTORY attn_ladder
+               APPEND PROPERTY COMPILE_DEFINITIONS "LADDER_HEAD_DIMS=${dims}")
+endfunction()
