@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the ladder: build, optionally test, bench every rung on the paper sweep, time the
-# PyTorch peers on the same problems, plot, and rewrite the README's results block.
+# PyTorch peers on the same problems, plot, and (for the reference GPU) rewrite the lessons' tables.
 #
 #   scripts/reproduce.sh [--out DIR] [--tests] [--quick]
 #
@@ -105,17 +105,18 @@ fi
 fp8_csv=()  # fp8_vs_bf16.png, from the FP8 run alone
 [[ -s $out_dir/fp8_speed.csv ]] && fp8_csv=(--fp8 "$out_dir/fp8_speed.csv")
 if python3 -c 'import matplotlib' 2>/dev/null; then
-  # The README links its plots relatively: rewrite its results block only when they land
-  # inside this checkout (the default results/<gpu>), never with links out of the repository.
-  out_abs=$(cd "$out_dir" && pwd)
-  if [[ $out_abs == "$repo"/* ]]; then
-    log "plots into $out_dir, results block of README.md"
-    python3 scripts/plot.py "${csvs[@]}" "${fp8_csv[@]}" --out "$out_dir" --readme README.md
-  else
-    log "plots into $out_dir (outside the checkout: README.md left as it is)"
-    python3 scripts/plot.py "${csvs[@]}" "${fp8_csv[@]}" --out "$out_dir"
-  fi
+  log "plots into $out_dir"
+  python3 scripts/plot.py "${csvs[@]}" "${fp8_csv[@]}" --out "$out_dir"
 else
   log "plots: skipped, python3 cannot import matplotlib"
+fi
+# The lessons quote one reference run (scripts/lessons.py's default folder); a run into that
+# folder rewrites their tables, any other run leaves them and says how to point them at it.
+reference=$(cd results && pwd)/nvidia_h100_80gb_hbm3
+if [[ $(cd "$out_dir" && pwd) == "$reference" ]]; then
+  log "the lessons' measured tables from $out_dir"
+  python3 scripts/lessons.py --results "$out_dir"
+else
+  log "lessons left as they are (they quote $reference); to see them with this run: scripts/lessons.py --results $out_dir"
 fi
 log "done: $out_dir"
