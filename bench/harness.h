@@ -66,7 +66,7 @@ bool parse_timing_mode(const std::string& name, TimingMode* mode);
 // runs; back_to_back runs all of them).
 //
 // Why seconds of warm-up: under a power cap the SM clock follows the load with a lag of
-// tenths of a second (on the H200 we measured 1980 MHz idle, 1650 MHz under 06d). Twenty
+// tenths of a second, and falls well below its idle value under a heavy kernel. Twenty
 // runs of a 1 ms kernel are over before the clock settles, so each row would be timed
 // partly on the clock the previous row left behind, and a ratio between two rows would
 // depend on their order. After the warm-up every row runs at the clock its own kernel
