@@ -4,7 +4,6 @@
 #include <string>
 
 #include "common/check.h"
-#include "common/device_buffer.h"
 #include "ladder/registry.h"
 
 namespace {
@@ -41,37 +40,118 @@ extern "C" const char* attn_rung_name(int i) {
   return i >= 0 && i < int(r.size()) ? r[i].name.c_str() : nullptr;
 }
 
-extern "C" int attn_run(const char* rung, const attn_problem_t* cp, const void* q, const void* k, const void* v,
-                        void* o, float* lse, void* stream_ptr, char* err, size_t err_len) {
-  const attn::Stage* stage = nullptr;
+namespace {
+
+// The stage named `rung`, or a message and ATTN_UNKNOWN_RUNG.
+const attn::Stage* lookup(const char* rung, int* code, char* err, size_t err_len) {
   try {
-    stage = &attn::find_stage(rung ? rung : "");
+    return &attn::find_stage(rung ? rung : "");
   } catch (const attn::AttnError& e) {
-    return fail(ATTN_UNKNOWN_RUNG, e.what(), err, err_len);
+    *code = fail(ATTN_UNKNOWN_RUNG, e.what(), err, err_len);
+    return nullptr;
   }
+}
+
+// Runs `body`, turning refusals into ATTN_INVALID_INPUT and CUDA failures into ATTN_CUDA_ERROR.
+template <class Body>
+int guarded(Body&& body, char* err, size_t err_len) {
   try {
-    if (!cp) throw attn::AttnError("problem is a null pointer");
-    attn::AttnProblem p = to_problem(*cp);
-    auto stream = static_cast<cudaStream_t>(stream_ptr);
-    attn::AttnTensors t;
-    t.q = q;
-    t.k = k;
-    t.v = v;
-    t.o = o;
-    t.lse = stage->writes_lse ? lse : nullptr;
-    attn::validate_problem(*stage, p);
-    size_t ws_bytes = stage->workspace(p);
-    attn::require_device_memory(ws_bytes, stage->name + " workspace (S and P)");
-    attn::DeviceBuffer ws(ws_bytes);
-    t.workspace = ws.get();
-    t.workspace_bytes = ws.bytes();
-    attn::run_stage(*stage, p, t, stream);
-    // The workspace is freed when this returns; the launch must be done with it first.
-    if (ws_bytes) CUDA_CHECK(cudaStreamSynchronize(stream));
+    body();
     return ATTN_OK;
   } catch (const attn::AttnError& e) {
     return fail(ATTN_INVALID_INPUT, e.what(), err, err_len);
   } catch (const std::exception& e) {
     return fail(ATTN_CUDA_ERROR, e.what(), err, err_len);
   }
+}
+
+attn::AttnTensors tensors(const attn::Stage& s, const void* q, const void* k, const void* v, void* o, float* lse,
+                          void* workspace, size_t workspace_bytes) {
+  attn::AttnTensors t;
+  t.q = q;
+  t.k = k;
+  t.v = v;
+  t.o = o;
+  t.lse = s.writes_lse ? lse : nullptr;
+  t.workspace = workspace;
+  t.workspace_bytes = workspace_bytes;
+  return t;
+}
+
+}  // namespace
+
+extern "C" int attn_rung_info(const char* rung, attn_rung_info_t* info, char* err, size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!info) throw attn::AttnError("info is a null pointer");
+    if (s->head_dims.size() > ATTN_MAX_HEAD_DIMS) throw attn::AttnError("more head dims than ATTN_MAX_HEAD_DIMS");
+    *info = attn_rung_info_t{};
+    for (attn::DType t : s->dtypes) info->dtypes |= 1 << int(t);
+    for (int d : s->head_dims) info->head_dims[info->num_head_dims++] = d;
+    info->writes_lse = s->writes_lse;
+    info->gqa = s->gqa;
+    info->min_sm = s->min_sm;
+  }, err, err_len);
+}
+
+extern "C" int attn_workspace_bytes(const char* rung, const attn_problem_t* cp, size_t* bytes, char* err,
+                                    size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    if (!bytes) throw attn::AttnError("bytes is a null pointer");
+    attn::AttnProblem p = to_problem(*cp);
+    attn::validate_problem(*s, p);
+    *bytes = s->workspace(p);
+  }, err, err_len);
+}
+
+extern "C" int attn_run_async(const char* rung, const attn_problem_t* cp, const void* q, const void* k,
+                              const void* v, void* o, float* lse, void* workspace, size_t workspace_bytes,
+                              void* stream, char* err, size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    attn::run_stage(*s, to_problem(*cp), tensors(*s, q, k, v, o, lse, workspace, workspace_bytes),
+                    static_cast<cudaStream_t>(stream));
+  }, err, err_len);
+}
+
+extern "C" int attn_run(const char* rung, const attn_problem_t* cp, const void* q, const void* k, const void* v,
+                        void* o, float* lse, void* stream_ptr, char* err, size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    const attn::AttnProblem p = to_problem(*cp);
+    attn::validate_problem(*s, p);
+    const size_t ws_bytes = s->workspace(p);
+    auto stream = static_cast<cudaStream_t>(stream_ptr);
+    void* ws = nullptr;
+    if (ws_bytes > 0) {
+      cudaError_t e = cudaMallocAsync(&ws, ws_bytes, stream);
+      if (e != cudaSuccess) {
+        cudaGetLastError();  // an allocation failure is not sticky: clear it for the caller
+        throw attn::AttnError(s->name + " needs a workspace of " + std::to_string(ws_bytes) + " bytes (" +
+                              std::to_string(ws_bytes / double(1 << 30)) + " GiB) of device memory: " +
+                              cudaGetErrorString(e));
+      }
+    }
+    // Freed in stream order after the launch, whether or not it was enqueued.
+    struct FreeAfter {
+      void* p;
+      cudaStream_t st;
+      ~FreeAfter() {
+        if (p) cudaFreeAsync(p, st);
+      }
+    } free_after{ws, stream};
+    attn::run_stage(*s, p, tensors(*s, q, k, v, o, lse, ws, ws_bytes), stream);
+  }, err, err_len);
 }

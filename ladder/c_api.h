@@ -1,4 +1,14 @@
-/* C entry points: run any rung from C, Python (ctypes) or another language. */
+/* C entry points: run any rung from C, Python (ctypes) or another language.
+
+   Two ways to run a rung:
+   - attn_run_async: the caller owns everything. It passes a workspace of at least
+     attn_workspace_bytes() bytes (NULL when that is 0) and a stream; the call validates,
+     enqueues and returns. It never allocates, never synchronizes and never queries free
+     memory, so it can be captured in a CUDA graph and its workspace can come from any
+     allocator (PyTorch's caching allocator, say).
+   - attn_run: the convenience entry. It allocates the workspace on `stream` with
+     cudaMallocAsync and frees it there with cudaFreeAsync after the launch, with no
+     synchronization either. */
 #ifndef ATTN_LADDER_C_API_H
 #define ATTN_LADDER_C_API_H
 
@@ -17,14 +27,39 @@ typedef struct {
 
 enum { ATTN_OK = 0, ATTN_INVALID_INPUT = 1, ATTN_CUDA_ERROR = 2, ATTN_UNKNOWN_RUNG = 3 };
 
+enum { ATTN_MAX_HEAD_DIMS = 8 };
+
+/* What a rung accepts, without a GPU. */
+typedef struct {
+  int dtypes;                          /* bit c set: dtype code c (attn_problem_t.dtype) accepted */
+  int head_dims[ATTN_MAX_HEAD_DIMS];   /* the first num_head_dims entries are valid */
+  int num_head_dims;
+  int writes_lse;                      /* 1: fills lse when it is non-null */
+  int gqa;                             /* 1: accepts Hkv < H */
+  int min_sm;                          /* minimum compute capability, major * 10 + minor */
+} attn_rung_info_t;
+
 int attn_num_rungs(void);
 /* Name of rung i in ladder order, or NULL when i is out of range. */
 const char* attn_rung_name(int i);
 
+/* Fills *info for `rung`. Returns ATTN_OK or ATTN_UNKNOWN_RUNG (message in err). */
+int attn_rung_info(const char* rung, attn_rung_info_t* info, char* err, size_t err_len);
+
+/* Validates the problem for `rung` (no GPU needed) and writes the workspace it needs, in
+   bytes, to *bytes (0 for most fused rungs). */
+int attn_workspace_bytes(const char* rung, const attn_problem_t* p, size_t* bytes, char* err, size_t err_len);
+
 /* Runs `rung` on device tensors q [B,H,Nq,d], k and v [B,Hkv,Nk,d], writing o [B,H,Nq,d]
    and, when lse is non-null and the rung writes it, lse [B,H,Nq] (fp32, natural log).
-   Enqueues on `stream` (a cudaStream_t; NULL = default stream) and allocates and frees any
-   workspace itself. Returns ATTN_OK, or an error code with a message in err. */
+   workspace: device memory of workspace_bytes >= attn_workspace_bytes(), or NULL when that
+   is 0; it must stay allocated until the work enqueued on `stream` is done. Enqueues on
+   `stream` (a cudaStream_t; NULL = default stream). Returns ATTN_OK, or an error code with
+   a message in err. */
+int attn_run_async(const char* rung, const attn_problem_t* p, const void* q, const void* k, const void* v, void* o,
+                   float* lse, void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
+/* As attn_run_async, with the workspace allocated and freed in stream order on `stream`. */
 int attn_run(const char* rung, const attn_problem_t* p, const void* q, const void* k, const void* v, void* o,
              float* lse, void* stream, char* err, size_t err_len);
 

@@ -105,6 +105,19 @@ def _load():
         ctypes.c_size_t,  # err_len
     ]
     lib.attn_run.restype = ctypes.c_int
+    lib.attn_workspace_bytes.argtypes = [
+        ctypes.c_char_p,  # rung
+        ctypes.POINTER(_Problem),
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_char_p,  # err
+        ctypes.c_size_t,  # err_len
+    ]
+    lib.attn_workspace_bytes.restype = ctypes.c_int
+    lib.attn_run_async.argtypes = lib.attn_run.argtypes[:7] + [
+        ctypes.c_void_p,  # workspace
+        ctypes.c_size_t,  # workspace_bytes
+    ] + lib.attn_run.argtypes[7:]
+    lib.attn_run_async.restype = ctypes.c_int
     _lib = lib
     return lib
 
@@ -173,22 +186,35 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False):
     o = torch.empty_like(q)
     lse = torch.full((B, H, Nq), float("nan"), dtype=torch.float32, device=q.device) if return_lse else None
     err = ctypes.create_string_buffer(_ERR_LEN)
+    rung_c = rung.encode()
+    need = ctypes.c_size_t(0)
+    _raise_unless_ok(lib.attn_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err, _ERR_LEN),
+                     rung, err)
+    # The workspace comes from PyTorch's caching allocator on the current stream, and the
+    # launch is only enqueued: no cudaMalloc, no synchronization.
+    workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
     with torch.cuda.device(q.device):  # the library runs on the current CUDA device
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        rc = lib.attn_run(
-            rung.encode(),
+        rc = lib.attn_run_async(
+            rung_c,
             ctypes.byref(problem),
             q.data_ptr(),
             k.data_ptr(),
             v.data_ptr(),
             o.data_ptr(),
             lse.data_ptr() if lse is not None else None,
+            workspace.data_ptr() if workspace is not None else None,
+            need.value,
             stream,
             err,
             _ERR_LEN,
         )
+    _raise_unless_ok(rc, rung, err)
+    return (o, lse) if return_lse else o
+
+
+def _raise_unless_ok(rc, rung, err):
     if rc != _OK:
         what = _CODE_NAMES.get(rc, f"code {rc}")
         msg = err.value.decode(errors="replace") or "(no message)"
-        raise AttnLadderError(rc, f"attn_run('{rung}') failed ({what}): {msg}")
-    return (o, lse) if return_lse else o
+        raise AttnLadderError(rc, f"attn_ladder '{rung}' failed ({what}): {msg}")

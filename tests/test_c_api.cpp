@@ -1,0 +1,87 @@
+// The C API's questions that need no GPU: what a rung accepts, the workspace a problem needs,
+// and the error codes and messages of bad calls.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ladder/c_api.h"
+#include "ladder/registry.h"
+
+namespace attn {
+namespace {
+
+TEST(CApi, RungInfoMatchesTheRegistry) {
+  ASSERT_EQ(attn_num_rungs(), int(registry().size()));
+  for (const Stage& s : registry()) {
+    attn_rung_info_t info;
+    char err[256] = {0};
+    ASSERT_EQ(attn_rung_info(s.name.c_str(), &info, err, sizeof err), ATTN_OK) << err;
+    for (int code = 0; code < 3; ++code)
+      EXPECT_EQ((info.dtypes >> code) & 1, int(s.supports(DType(code)))) << s.name << " dtype " << code;
+    ASSERT_EQ(info.num_head_dims, int(s.head_dims.size())) << s.name;
+    for (int i = 0; i < info.num_head_dims; ++i) EXPECT_EQ(info.head_dims[i], s.head_dims[i]) << s.name;
+    EXPECT_EQ(info.writes_lse, int(s.writes_lse)) << s.name;
+    EXPECT_EQ(info.gqa, int(s.gqa)) << s.name;
+    EXPECT_EQ(info.min_sm, s.min_sm) << s.name;
+  }
+  char err[256] = {0};
+  attn_rung_info_t info;
+  EXPECT_EQ(attn_rung_info("07_nope", &info, err, sizeof err), ATTN_UNKNOWN_RUNG);
+  EXPECT_NE(std::string(err).find("07_nope"), std::string::npos) << err;
+  EXPECT_EQ(attn_rung_info(registry().front().name.c_str(), nullptr, err, sizeof err), ATTN_INVALID_INPUT);
+}
+
+TEST(CApi, WorkspaceBytesAreTheStagesAndBadProblemsAreRefused) {
+  attn_problem_t cp{2, 4, 2, 1000, 1000, 64, 1, 0, 0.f};
+  AttnProblem p;
+  p.B = 2;
+  p.H = 4;
+  p.Hkv = 2;
+  p.Nq = p.Nk = 1000;
+  p.d = 64;
+  p.causal = true;
+  int quadratic = 0;
+  for (const Stage& s : registry()) {
+    if (!s.supports(DType::bf16)) continue;
+    size_t bytes = 12345;
+    char err[256] = {0};
+    ASSERT_EQ(attn_workspace_bytes(s.name.c_str(), &cp, &bytes, err, sizeof err), ATTN_OK) << s.name << ": " << err;
+    EXPECT_EQ(bytes, s.workspace(p)) << s.name;
+    if (bytes >= size_t(p.score_elems())) ++quadratic;  // S or P held in the workspace (01-03a)
+  }
+  EXPECT_GE(quadratic, 3);
+  char err[256] = {0};
+  size_t bytes = 0;
+  attn_problem_t bad = cp;
+  bad.d = 80;
+  EXPECT_EQ(attn_workspace_bytes("05_fa2_reordered", &bad, &bytes, err, sizeof err), ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("d = 80"), std::string::npos) << err;
+  bad = cp;
+  bad.Hkv = 3;
+  EXPECT_EQ(attn_workspace_bytes("05_fa2_reordered", &bad, &bytes, err, sizeof err), ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("does not divide"), std::string::npos) << err;
+  EXPECT_EQ(attn_workspace_bytes("05_fa2_reordered", nullptr, &bytes, err, sizeof err), ATTN_INVALID_INPUT);
+  EXPECT_EQ(attn_workspace_bytes("no_such_rung", &cp, &bytes, err, sizeof err), ATTN_UNKNOWN_RUNG);
+}
+
+TEST(CApi, RunAsyncRefusesASmallWorkspaceBeforeAnyLaunch) {
+  // 01_naive keeps S and P in its workspace: one byte short is refused with the size it needs,
+  // before the device is touched (so this holds without a GPU).
+  attn_problem_t cp{1, 2, 2, 113, 113, 64, 0, 0, 0.f};
+  size_t need = 0;
+  char err[256] = {0};
+  ASSERT_EQ(attn_workspace_bytes("01_naive", &cp, &need, err, sizeof err), ATTN_OK) << err;
+  ASSERT_GT(need, 0u);
+  int dummy = 0;
+  EXPECT_EQ(attn_run_async("01_naive", &cp, &dummy, &dummy, &dummy, &dummy, nullptr, &dummy, need - 1, nullptr, err,
+                           sizeof err),
+            ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find(std::to_string(need)), std::string::npos) << err;
+  EXPECT_EQ(attn_run_async("01_naive", &cp, nullptr, &dummy, &dummy, &dummy, nullptr, &dummy, need, nullptr, err,
+                           sizeof err),
+            ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("Q is a null pointer"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace attn
