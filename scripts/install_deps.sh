@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs (or reports) what the build and the tests need besides the CUDA toolkit:
-# CMake >= 3.25, Ninja, GoogleTest, Python 3 with matplotlib. Uses apt and pip only.
+# CMake >= 3.25, Ninja, GoogleTest, Python 3 with matplotlib and pytest. Uses apt and pip only.
 set -euo pipefail
 
 need_apt=()
@@ -17,6 +17,11 @@ fi
 if ! python3 -c "import matplotlib" 2>/dev/null; then
   echo "install_deps: installing matplotlib with pip"
   python3 -m pip install --quiet matplotlib || python3 -m pip install --quiet --break-system-packages matplotlib
+fi
+
+if ! python3 -c "import pytest" 2>/dev/null; then
+  echo "install_deps: installing pytest with pip"
+  python3 -m pip install --quiet pytest || python3 -m pip install --quiet --break-system-packages pytest
 fi
 
 command -v nvcc >/dev/null || { echo "install_deps: nvcc not found: install the CUDA toolkit (>= 12.4) and put its bin/ on PATH" >&2; exit 1; }

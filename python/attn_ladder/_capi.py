@@ -1,18 +1,11 @@
-"""Run any rung of the attention ladder on PyTorch tensors.
+"""ctypes binding of the C API of libattn_ladder.so (ladder/c_api.h) and run().
 
-A thin ctypes wrapper over the C API of libattn_ladder.so (ladder/c_api.h); nothing to
-build beyond the library itself:
+run() validates torch tensors, takes the workspace from torch.empty on the current stream
+(PyTorch's caching allocator) and enqueues the rung with attn_run_async: no allocation
+outside PyTorch, no synchronization.
 
-    import torch, attn_ladder
-    print(attn_ladder.rungs())                      # ['01_naive', ..., '06_fa3_hopper']
-    q = torch.randn(1, 16, 4096, 128, device="cuda", dtype=torch.bfloat16)
-    k, v = torch.randn_like(q), torch.randn_like(q)
-    o = attn_ladder.run("05_fa2_reordered", q, k, v, causal=True)
-    o, lse = attn_ladder.run("05_fa2_reordered", q, k, v, return_lse=True)
-    o = attn_ladder.run("06_fp8", q, k, v, fp8=True)  # bf16 in, e4m3 inside, bf16 out
-
-The library is found through $ATTN_LADDER_LIB, else <repo>/build/libattn_ladder.so
-(what `cmake --preset default && cmake --build --preset default` builds).
+The library is found in this package's folder (a `pip install .`), else through
+$ATTN_LADDER_LIB, else at <repo>/build/libattn_ladder.so (the CMake build).
 
 Layout is PyTorch SDPA's: [B, H, N, d], contiguous. K and V may have fewer heads than Q
 (grouped-query attention: query head h reads key/value head h // (H // Hkv)). Causal
@@ -26,10 +19,8 @@ import pathlib
 
 import torch
 
-__all__ = ["AttnLadderError", "library_path", "rungs", "run"]
-
-_REPO = pathlib.Path(__file__).resolve().parent.parent
-_DEFAULT_LIB = _REPO / "build" / "libattn_ladder.so"
+_PACKAGE_LIB = pathlib.Path(__file__).resolve().parent / "libattn_ladder.so"
+_REPO_LIB = pathlib.Path(__file__).resolve().parents[2] / "build" / "libattn_ladder.so"
 
 # attn_problem_t.dtype codes (ladder/c_api.h). The FP8 rungs take bf16 tensors and quantize
 # them to e4m3 themselves: run(..., fp8=True) passes bf16 tensors with code _FP8.
@@ -52,6 +43,19 @@ class AttnLadderError(RuntimeError):
         self.code = code
 
 
+class _RungInfo(ctypes.Structure):
+    """attn_rung_info_t, field for field."""
+
+    _fields_ = [
+        ("dtypes", ctypes.c_int),
+        ("head_dims", ctypes.c_int * 8),  # ATTN_MAX_HEAD_DIMS
+        ("num_head_dims", ctypes.c_int),
+        ("writes_lse", ctypes.c_int),
+        ("gqa", ctypes.c_int),
+        ("min_sm", ctypes.c_int),
+    ]
+
+
 class _Problem(ctypes.Structure):
     """attn_problem_t, field for field."""
 
@@ -72,8 +76,10 @@ _lib = None
 
 
 def library_path():
-    """Where the shared library is looked for: $ATTN_LADDER_LIB, else <repo>/build/."""
-    return pathlib.Path(os.environ.get("ATTN_LADDER_LIB") or _DEFAULT_LIB)
+    """Where the shared library is loaded from: the package's own, $ATTN_LADDER_LIB, <repo>/build/."""
+    if _PACKAGE_LIB.is_file():
+        return _PACKAGE_LIB
+    return pathlib.Path(os.environ.get("ATTN_LADDER_LIB") or _REPO_LIB)
 
 
 def _load():
@@ -83,8 +89,8 @@ def _load():
     path = library_path()
     if not path.is_file():
         raise OSError(
-            f"attn_ladder library not found at {path}: build it with "
-            "`cmake --preset default && cmake --build --preset default` in the repository, "
+            f"attn_ladder library not found at {path}: `pip install .` in the repository, or build "
+            "it with `cmake --preset default && cmake --build --preset default` there, "
             "or point $ATTN_LADDER_LIB at libattn_ladder.so"
         )
     lib = ctypes.CDLL(str(path))
@@ -118,6 +124,8 @@ def _load():
         ctypes.c_size_t,  # workspace_bytes
     ] + lib.attn_run.argtypes[7:]
     lib.attn_run_async.restype = ctypes.c_int
+    lib.attn_rung_info.argtypes = [ctypes.c_char_p, ctypes.POINTER(_RungInfo), ctypes.c_char_p, ctypes.c_size_t]
+    lib.attn_rung_info.restype = ctypes.c_int
     _lib = lib
     return lib
 
@@ -126,6 +134,26 @@ def rungs():
     """The registered rung names, in ladder order."""
     lib = _load()
     return [lib.attn_rung_name(i).decode() for i in range(lib.attn_num_rungs())]
+
+
+_info_cache = {}
+
+
+def rung_info(rung):
+    """What `rung` accepts: {"dtypes": [...], "head_dims": [...], "writes_lse", "gqa", "min_sm"}."""
+    if rung not in _info_cache:
+        lib = _load()
+        info, err = _RungInfo(), ctypes.create_string_buffer(_ERR_LEN)
+        _raise_unless_ok(lib.attn_rung_info(rung.encode(), ctypes.byref(info), err, _ERR_LEN), rung, err)
+        names = ["bf16", "fp16", "fp8"]
+        _info_cache[rung] = {
+            "dtypes": [n for c, n in enumerate(names) if info.dtypes >> c & 1],
+            "head_dims": list(info.head_dims[: info.num_head_dims]),
+            "writes_lse": bool(info.writes_lse),
+            "gqa": bool(info.gqa),
+            "min_sm": info.min_sm,
+        }
+    return _info_cache[rung]
 
 
 def _check_inputs(q, k, v):
@@ -184,7 +212,11 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False):
     problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), _FP8 if fp8 else _DTYPE_CODES[q.dtype],
                        float(scale or 0.0))
     o = torch.empty_like(q)
-    lse = torch.full((B, H, Nq), float("nan"), dtype=torch.float32, device=q.device) if return_lse else None
+    lse = None
+    if return_lse:  # a rung that writes no lse leaves NaN
+        lse_shape = (B, H, Nq)
+        lse = (torch.empty(lse_shape, dtype=torch.float32, device=q.device) if rung_info(rung)["writes_lse"]
+               else torch.full(lse_shape, float("nan"), dtype=torch.float32, device=q.device))
     err = ctypes.create_string_buffer(_ERR_LEN)
     rung_c = rung.encode()
     need = ctypes.c_size_t(0)

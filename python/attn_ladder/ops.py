@@ -1,0 +1,58 @@
+"""attention(): the ladder's rungs as one PyTorch operator, attn_ladder::attention.
+
+Registered with torch.library.custom_op, so torch.compile(fullgraph=True) traces it (the
+fake implementation gives the output shapes and dtypes without running anything) and CUDA
+graphs capture it (the rung is only enqueued, its workspace comes from PyTorch's caching
+allocator). The rungs are forward only: asking for a gradient through one raises a clear
+error instead of silently stopping the gradient.
+"""
+
+import math
+
+import torch
+
+from . import _capi
+
+_NAME = "attn_ladder::attention"
+
+
+@torch.library.custom_op(_NAME, mutates_args=(), device_types="cuda")
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rung: str, causal: bool, scale: float,
+               fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _capi.run(rung, q, k, v, causal=causal, scale=scale, return_lse=True, fp8=fp8)
+
+
+@_attention.register_fake
+def _(q, k, v, rung, causal, scale, fp8):
+    B, H, Nq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, H, Nq), dtype=torch.float32)
+
+
+def _no_backward(ctx, grad_o, grad_lse):
+    raise RuntimeError(f"attn_ladder: rung '{ctx.rung}' has no backward pass; run it under torch.no_grad() "
+                       "or on tensors that do not require grad")
+
+
+def _remember_rung(ctx, inputs, output):
+    ctx.rung = inputs[3]
+
+
+_attention.register_autograd(_no_backward, setup_context=_remember_rung)
+
+
+def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=False, fp8=False):
+    """softmax(scale · Q Kᵀ + mask) V by the named rung, as the operator attn_ladder::attention.
+
+    q: [B, H, Nq, d]; k, v: [B, Hkv, Nk, d]; bfloat16 or float16, contiguous, one CUDA device.
+    scale: default 1/sqrt(d). causal: bottom-right aligned when Nq != Nk. return_lse: also
+    return the natural-log logsumexp per query row, fp32 [B, H, Nq] (NaN from a rung that does
+    not write it). fp8: an FP8 rung ("06_fp8", ...) on bfloat16 inputs, quantized to e4m3
+    inside. Raises RuntimeError when autograd would need a gradient: the rungs are forward only.
+    """
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        raise RuntimeError(f"attn_ladder.attention: rung '{rung}' has no backward pass, and q, k or v requires "
+                           "grad; run it under torch.no_grad() or pass detached tensors")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    o, lse = _attention(q, k, v, rung, bool(causal), float(scale), bool(fp8))
+    return (o, lse) if return_lse else o
