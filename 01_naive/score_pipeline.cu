@@ -58,7 +58,7 @@ class CublasOnStream {
 // So both GEMMs are written for the transposes, and every "row-major" below is our layout.
 
 // GEMM 1: S = scale · Q Kᵀ per (batch, kv head), i.e. Sᵀ = K · Qᵀ column-major:
-//   Sᵀ [Nk × M] = op(K)=Kᵀᵀ [Nk × d] · Qᵀ [d × M],  M = group·Nq query rows.
+//   Sᵀ [Nk × M] = K [Nk × d] · Qᵀ [d × M],  M = group·Nq query rows (op T: cuBLAS sees K as Kᵀ).
 void scores_gemm(cublasHandle_t cublas, const AttnProblem& p, const AttnTensors& t, float* S) {
   const int M = p.group() * p.Nq;
   const float alpha = p.softmax_scale(), beta = 0.f;

@@ -49,8 +49,8 @@ void launch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream, Sof
 // 0 over the masked ones, lse_i = m_i + log l_i. With subtract_max = false (01) m_i = 0.
 void normalize(const AttnProblem& p, const Workspace& ws, bool subtract_max, float* lse, cudaStream_t stream);
 
-// The Stage of a rung built on this pipeline: bf16/fp16, d in {64, 128, 256}, GQA, lse,
-// memory-bound, sm_80+. softmax_reads = how many times the softmax streams S (the cost model).
+// The Stage of a rung built on this pipeline: sm_80+, bf16/fp16, GQA, lse, memory-bound.
+// softmax_reads = how many times the softmax streams S (the cost model).
 Stage make_stage(std::string name, std::string prev, std::string summary, int softmax_reads, Softmax softmax);
 
 }  // namespace attn::score_pipeline

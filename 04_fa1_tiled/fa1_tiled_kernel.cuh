@@ -53,7 +53,6 @@ struct Args {
   bool causal;
 };
 
-// max and sum over the kRowLanes lanes of one softmax row (aligned groups of a warp)
 // e^{m_from - m_to}, and 0 when m_from = -inf (a row that has not seen a key yet; then
 // m_to may be -inf as well, and the plain formula would give NaN).
 __device__ inline float rescale(float m_from, float m_to) {
