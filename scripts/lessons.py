@@ -3,7 +3,7 @@
 
     scripts/lessons.py [--results results/<gpu>] [--check] [README ...]
 
-Every README (default: the top README and each rung's *.md) may hold blocks
+Every README (default: the top README, python/README.md and each rung's *.md) may hold blocks
 
     <!-- measured:begin rungs=05_fa2_reordered,torch_flash d=128 metric=tflops -->
     ... generated ...
@@ -15,6 +15,7 @@ and fp8_speed.csv of the results folder. metric is one of
     bytes         per rung and N: time, modelled and measured HBM bytes (non-causal)
     softmax_gbps  the softmax kernel alone (01-03a): GB/s by N and % of the copy ceiling
     fp8           06_fp8 against 06d bf16 from fp8_speed.csv, by d and N
+    op            the PyTorch operator against attn_bench and cuDNN, from op.csv
 causal=0 or causal=1 restricts tflops to one mask (default both). With --check nothing is
 written: it exits 1 naming each block that differs from what the CSVs give, so a lesson
 cannot quote numbers other than the reference run's. Standard library only.
@@ -70,6 +71,7 @@ class Data:
         self.ladder = load(results / "ladder.csv")
         self.peers = load(results / "peers.csv")
         self.fp8 = load(results / "fp8_speed.csv")
+        self.op = load(results / "op.csv")
         self.rel = results.relative_to(REPO).as_posix() if results.is_relative_to(REPO) else str(results)
 
     def rows(self, rungs, d, causal=None, dtype="bf16"):
@@ -161,6 +163,21 @@ def table_fp8(data):
     return out, caption(rows, [f"{data.rel}/fp8_speed.csv"], "TFLOPS, non-causal, B·N = 16384, H = 2048/d")
 
 
+def table_op(data):
+    rows = data.op
+    if not rows:
+        return None
+    out = ["| rung | N | causal | op (ms) | attn_bench (ms) | op / bench | cuDNN (ms) | op speedup vs cuDNN |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['rung']} | {n_label(int(r['N']))} | {r['causal']} | {float(r['op_ms']):.3f} | "
+                   f"{float(r['bench_ms']):.3f} | {float(r['op_over_bench']):.3f} | {float(r['cudnn_ms']):.3f} | "
+                   f"{float(r['speedup_vs_cudnn']):.2f}× |")
+    d = rows[0]["d"]
+    what = f"attn_ladder.attention vs attn_bench and SDPA cuDNN, back to back, d = {d}, B·N = 16384, H = 16"
+    return out, caption(rows, [f"{data.rel}/op.csv"], what)
+
+
 def render(data, args_text):
     args = dict(kv.split("=", 1) for kv in args_text.split())
     metric = args.get("metric", "tflops")
@@ -175,6 +192,8 @@ def render(data, args_text):
         made = table_softmax(data, rungs, d)
     elif metric == "fp8":
         made = table_fp8(data)
+    elif metric == "op":
+        made = table_op(data)
     else:
         raise ValueError(f"unknown metric '{metric}' (tflops, bytes, softmax_gbps, fp8)")
     if made is None:
@@ -199,7 +218,7 @@ def rewrite(text, data, where):
 
 
 def default_readmes():
-    return [REPO / "README.md", *sorted(REPO.glob("0[1-6]_*/*.md"))]
+    return [REPO / "README.md", REPO / "python" / "README.md", *sorted(REPO.glob("0[1-6]_*/*.md"))]
 
 
 def main(argv=None):
@@ -212,7 +231,7 @@ def main(argv=None):
     if not data.ladder:
         sys.exit(f"lessons.py: no ladder.csv rows in {a.results}")
     stale = []
-    for path in a.readmes or default_readmes():
+    for path in [p for p in (a.readmes or default_readmes()) if p.is_file()]:
         text = path.read_text()
         if not BEGIN.search(text):
             continue

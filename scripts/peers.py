@@ -27,6 +27,7 @@ multiply-adds, else 64 sampled query rows per (batch, head).
 import argparse
 import csv
 import math
+import os
 import pathlib
 import re
 import statistics
@@ -137,6 +138,8 @@ def gpu_name():
 
 
 def git_sha():
+    if os.environ.get("ATTN_GIT_SHA"):  # a copy of the tree without .git (set by the caller)
+        return os.environ["ATTN_GIT_SHA"]
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         return out.stdout.strip()

@@ -34,10 +34,10 @@ def inputs(B=2, H=4, Hkv=2, Nq=113, Nk=113, d=64, dtype=torch.bfloat16, seed=0):
 
 
 def reference(q, k, v, causal):
-    """fp32 attention with the ladder's conventions: GQA, bottom-right causal, empty rows 0."""
+    """fp64 attention with the ladder's conventions: GQA, bottom-right causal, empty rows 0."""
     rep = q.shape[1] // k.shape[1]
-    k, v = (t.float().repeat_interleave(rep, dim=1) for t in (k, v))
-    s = q.float() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    k, v = (t.double().repeat_interleave(rep, dim=1) for t in (k, v))
+    s = q.double() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
         Nq, Nk = q.shape[2], k.shape[2]
         i = torch.arange(Nq, device="cuda")[:, None]
@@ -48,7 +48,39 @@ def reference(q, k, v, causal):
 
 
 def rel_err(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+ODD_SHAPES = [  # (B, H, Hkv, Nq, Nk, causal): one key, odd lengths, GQA, Nq < Nk and Nq > Nk
+    (1, 2, 2, 1, 1, False),
+    (2, 2, 1, 17, 17, True),
+    (1, 3, 3, 113, 200, True),
+    (1, 4, 2, 200, 113, True),
+]
+
+
+@pytest.mark.parametrize("rung", attn_ladder.rungs())
+def test_every_rung_on_odd_shapes(rung):
+    info = attn_ladder.rung_info(rung)
+    if info["min_sm"] > 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]:
+        pytest.skip(f"{rung} needs sm_{info['min_sm']}")
+    fp8 = "fp8" in info["dtypes"]
+    bound = 1e-1 if fp8 else BOUND[torch.bfloat16]
+    ran = 0
+    for d in (64, 128):
+        if d not in info["head_dims"]:
+            continue
+        for B, H, Hkv, Nq, Nk, causal in ODD_SHAPES:
+            if Hkv != H and not info["gqa"]:
+                continue
+            q, k, v = inputs(B, H, Hkv, Nq, Nk, d, seed=Nq + d)
+            o = attn_ladder.attention(q, k, v, rung=rung, causal=causal, fp8=fp8)
+            ref = reference(q, k, v, causal)
+            assert torch.isfinite(o).all(), (rung, d, Nq, Nk)
+            if ref.norm() > 0:
+                assert rel_err(o, ref) <= bound, (rung, d, B, H, Hkv, Nq, Nk, causal)
+            ran += 1
+    assert ran > 0
 
 
 @pytest.mark.parametrize("rung", RUNGS)
@@ -77,18 +109,24 @@ def test_compiles_with_fullgraph(rung):
     torch.testing.assert_close(compiled(q, k, v), block(q, k, v), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("rung", RUNGS + ["01_naive"])
+@pytest.mark.parametrize("rung", RUNGS + ["01_naive"] + (["06_fp8"] if HOPPER else []))
 def test_captured_in_a_cuda_graph(rung):
     q, k, v = inputs(seed=2)
-    expected = attn_ladder.attention(q, k, v, rung=rung, causal=True)
+    fp8 = "fp8" in rung
+    causal = not fp8
+
+    def call():
+        return attn_ladder.attention(q, k, v, rung=rung, causal=causal, fp8=fp8)
+
+    expected = call()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graphs ask
-        attn_ladder.attention(q, k, v, rung=rung, causal=True)
+        call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = attn_ladder.attention(q, k, v, rung=rung, causal=True)
+        out = call()
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
