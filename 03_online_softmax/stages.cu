@@ -8,6 +8,7 @@
 #include "03_online_softmax/online_softmax_03a.h"
 #include "common/dtype.cuh"
 #include "common/hbm_model.h"
+#include "stage_head_dims.h"  // LADDER_HEAD_DIMS, generated from CMakeLists.txt
 
 namespace attn {
 namespace {
@@ -28,7 +29,7 @@ Stage fused_online_stage() {
   s.summary = "one fused kernel, a warp per query row: online softmax in registers, no N^2 memory";
   s.min_sm = 80;
   s.dtypes = {DType::bf16, DType::fp16};
-  s.head_dims = {LADDER_HEAD_DIMS};  // CMakeLists.txt: ladder_stage_head_dims
+  s.head_dims = {LADDER_HEAD_DIMS};  // stage_head_dims.h, from CMakeLists.txt
   s.gqa = true;
   s.writes_lse = true;
   s.compute_bound = true;

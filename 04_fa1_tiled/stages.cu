@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "common/dtype.cuh"
 #include "common/hbm_model.h"
+#include "stage_head_dims.h"  // LADDER_HEAD_DIMS, generated from CMakeLists.txt
 
 namespace attn {
 namespace fa1 {
@@ -62,7 +63,7 @@ std::vector<Stage> fa1_stages() {
   s.summary = "FlashAttention-1 Algorithm 1: K/V blocks outer, Q blocks inner, O/l/m through HBM, WMMA";
   s.min_sm = 80;
   s.dtypes = {DType::bf16, DType::fp16};
-  s.head_dims = {LADDER_HEAD_DIMS};  // CMakeLists.txt: ladder_stage_head_dims
+  s.head_dims = {LADDER_HEAD_DIMS};  // stage_head_dims.h, from CMakeLists.txt
   s.gqa = true;
   s.writes_lse = true;
   s.compute_bound = true;

@@ -6,25 +6,46 @@
 #include <climits>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
-#include "05_fa2_reordered/fa2_tiles.h"
+#include "05_fa2_reordered/fa2_ablation_tiles.h"
 #include "common/hbm_model.h"
+
+// FA2_*_HEAD_DIMS: the head dims each stage has kernels for, generated in the build tree
+// from the lists in CMakeLists.txt.
+#include "stage_head_dims.h"
 
 namespace attn {
 
 namespace {
 
+template <int... Ds>
+struct HeadDims {
+  static std::vector<int> list() { return {Ds...}; }
+};
+
+// Calls launch(element, std::integral_constant<int, d>) for the problem's dtype and head dim,
+// one of the listed Ds (validate_problem has checked it is).
+template <int... Ds, class Launch>
+void dispatch(const AttnProblem& p, HeadDims<Ds...>, Launch&& launch) {
+  auto with_dtype = [&](auto element) {
+    const bool found = ((p.d == Ds && (launch(element, std::integral_constant<int, Ds>{}), true)) || ...);
+    if (!found) throw AttnError("05_fa2_reordered: no kernel for d = " + std::to_string(p.d));
+  };
+  if (p.dtype == DType::bf16) return with_dtype(__nv_bfloat16{});
+  with_dtype(__half{});
+}
+
+// B_r and B_c of the tile Cfg<d> that head dim d runs with.
 struct TileShape {
   int Br, Bc;
 };
-
-// The B_r x B_c tile that head dim d runs with (fa2_tiles.h).
-TileShape tile_shape(int d) {
-  switch (d) {
-    case 64: return {fa2::Tile64::kBr, fa2::Tile64::kBc};
-    case 128: return {fa2::Tile128::kBr, fa2::Tile128::kBc};
-    default: return {fa2::Tile256::kBr, fa2::Tile256::kBc};
-  }
+template <template <int> class Cfg, int... Ds>
+TileShape tile_shape(int d, HeadDims<Ds...>) {
+  TileShape shape{0, 0};
+  const bool found = ((d == Ds && (shape = {Cfg<Ds>::kBr, Cfg<Ds>::kBc}, true)) || ...);
+  if (!found) throw AttnError("05_fa2_reordered: no tile for d = " + std::to_string(d));
+  return shape;
 }
 
 // One CTA per (Q block, head, batch), all in grid.x.
@@ -36,126 +57,91 @@ std::string refuse_grid(const AttnProblem& p, int64_t Br) {
   return "";
 }
 
-std::string refuse_fa2_grid(const AttnProblem& p) { return refuse_grid(p, tile_shape(p.d).Br); }
-double model_bytes(const AttnProblem& p) { return hbm::fa2_bytes(p, tile_shape(p.d).Br, tile_shape(p.d).Bc); }
-
-template <typename T>
-void launch_delayed(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream, float rescale_log2) {
-  switch (p.d) {
-    case 64: return fa2::launch_fa2<T, fa2::Tile64, true>(p, t, stream, rescale_log2);
-    case 128: return fa2::launch_fa2<T, fa2::Tile128, true>(p, t, stream, rescale_log2);
-    default: return fa2::launch_fa2<T, fa2::Tile256, true>(p, t, stream, rescale_log2);
-  }
+// A stage's refuse and model_hbm_bytes for the tiles Cfg<d> over head dims Dims.
+template <template <int> class Cfg, class Dims>
+std::string refuse_tiles(const AttnProblem& p) {
+  return refuse_grid(p, tile_shape<Cfg>(p.d, Dims{}).Br);
+}
+template <template <int> class Cfg, class Dims>
+double model_bytes(const AttnProblem& p) {
+  const TileShape shape = tile_shape<Cfg>(p.d, Dims{});
+  return hbm::fa2_bytes(p, shape.Br, shape.Bc);
 }
 
-// kEagerRescale: O_i rescaled after every K/V block (rescale_log2 = -inf), as FA2 does; the
-// ablation of lazy rescaling.
+using Fa2Dims = HeadDims<FA2_HEAD_DIMS>;
+
+// rescale_log2 = -inf: O_i rescaled after every K/V block (no lazy rescaling), as FA2 does.
 template <bool kEagerRescale = false>
 void launch_fa2_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
   const float rescale_log2 = kEagerRescale ? -INFINITY : fa2::kRescaleLog2;
-  if (p.dtype == DType::bf16) return launch_delayed<__nv_bfloat16>(p, t, stream, rescale_log2);
-  return launch_delayed<__half>(p, t, stream, rescale_log2);
+  dispatch(p, Fa2Dims{}, [&](auto element, auto d) {
+    fa2::launch_fa2<decltype(element), decltype(d)::value>(p, t, stream, rescale_log2);
+  });
 }
 
-// The d = 128 ablations: one FA2 change switched off (fa2_tiles.h: launch_fa2).
-template <class Cfg, bool kDelayedNorm, bool kOneCtaPerHead>
-void launch_ablation(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.dtype == DType::bf16) return fa2::launch_fa2<__nv_bfloat16, Cfg, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
-  return fa2::launch_fa2<__half, Cfg, kDelayedNorm, kOneCtaPerHead>(p, t, stream);
+// An ablation (fa2_ablations.cuh) over its head dims.
+template <fa2::Ablation kA, class Dims>
+void launch_ablation_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  dispatch(p, Dims{}, [&](auto element, auto d) {
+    fa2::launch_ablation<kA, decltype(element), decltype(d)::value>(p, t, stream);
+  });
 }
 
-// The prefetch variant: 05's tiles with kVAhead > 0 (fa2_tiles.h), d = 128 and 256.
-template <typename T>
-void launch_prefetch_typed(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.d == 128) return fa2::launch_fa2<T, fa2::Tile128Prefetch, true>(p, t, stream);
-  return fa2::launch_fa2<T, fa2::Tile256Prefetch, true>(p, t, stream);
-}
+template <fa2::Ablation kA>
+struct AblationTile {
+  template <int kD>
+  using For = fa2::AblationTileFor<kA, kD>;
+};
 
-void launch_prefetch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.dtype == DType::bf16) return launch_prefetch_typed<__nv_bfloat16>(p, t, stream);
-  return launch_prefetch_typed<__half>(p, t, stream);
-}
-
-// The layout ablation: 05's tiles, padded (fa2_tiles.h), d = 64 and 128.
-template <typename T>
-void launch_padded_typed(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.d == 64) return fa2::launch_fa2<T, fa2::Tile64Padded, true>(p, t, stream);
-  return fa2::launch_fa2<T, fa2::Tile128Padded, true>(p, t, stream);
-}
-
-void launch_padded(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  if (p.dtype == DType::bf16) return launch_padded_typed<__nv_bfloat16>(p, t, stream);
-  return launch_padded_typed<__half>(p, t, stream);
+// A stage for ablation kA of stage `base`, over head dims Dims.
+template <fa2::Ablation kA, class Dims>
+Stage ablation(const Stage& base, const char* name, const char* summary) {
+  Stage s = base;
+  s.name = name;
+  s.prev = base.name;
+  s.summary = summary;
+  s.head_dims = Dims::list();
+  s.launch = launch_ablation_stage<kA, Dims>;
+  s.refuse = refuse_tiles<AblationTile<kA>::template For, Dims>;
+  s.model_hbm_bytes = model_bytes<AblationTile<kA>::template For, Dims>;
+  return s;
 }
 
 }  // namespace
 
 std::vector<Stage> fa2_stages() {
+  using fa2::Ablation;
   Stage fa2;
   fa2.name = "05_fa2_reordered";
   fa2.prev = "04_fa1_tiled";
   fa2.summary = "FlashAttention-2: Q-block outer loop, O in registers, delayed normalization, mma.sync";
   fa2.min_sm = 80;
   fa2.dtypes = {DType::bf16, DType::fp16};
-  fa2.head_dims = {64, 128, 256};
+  fa2.head_dims = Fa2Dims::list();
   fa2.gqa = true;
   fa2.writes_lse = true;
   fa2.compute_bound = true;
-  fa2.refuse = refuse_fa2_grid;
+  fa2.refuse = refuse_tiles<fa2::TileFor, Fa2Dims>;
   fa2.launch = launch_fa2_stage<>;
-  fa2.model_hbm_bytes = model_bytes;
+  fa2.model_hbm_bytes = model_bytes<fa2::TileFor, Fa2Dims>;
 
-  // Ablation: the same kernel dividing O_i by l_i at every step, as FlashAttention-1.
-  Stage no_delay = fa2;
-  no_delay.name = "05_fa2_no_delay";
-  no_delay.prev = "05_fa2_reordered";
-  no_delay.summary = "05 without delayed normalization (O_i rescaled by 1/l_i every K/V block)";
-  no_delay.head_dims = {128};
-  no_delay.launch = launch_ablation<fa2::Tile128Padded, /*kDelayedNorm=*/false, /*kOneCtaPerHead=*/false>;
-
-  // Ablation: FA1's grid (one CTA per batch and head) with FA2's loop order inside it, so
-  // the grid over the sequence is measured on its own.
-  Stage one_cta = fa2;
-  one_cta.name = "05_fa2_one_cta_per_head";
-  one_cta.prev = "05_fa2_reordered";
-  one_cta.summary = "05 on FA1's grid: one CTA per (batch, head) walks all Q blocks (no sequence parallelism)";
-  one_cta.head_dims = {128};
+  // The ablations: one FA2 choice undone each (fa2_ablations.cuh).
+  Stage no_delay = ablation<Ablation::no_delay, HeadDims<FA2_NO_DELAY_HEAD_DIMS>>(
+      fa2, "05_fa2_no_delay", "05 without delayed normalization (O_i rescaled by 1/l_i every K/V block)");
+  // FA1's grid with FA2's loop order inside it, so the grid over the sequence is measured on its own.
+  Stage one_cta = ablation<Ablation::one_cta_per_head, HeadDims<FA2_ONE_CTA_HEAD_DIMS>>(
+      fa2, "05_fa2_one_cta_per_head",
+      "05 on FA1's grid: one CTA per (batch, head) walks all Q blocks (no sequence parallelism)");
   one_cta.refuse = [](const AttnProblem&) { return std::string(); };  // B * H CTAs always fit the grid
-  one_cta.launch = launch_ablation<fa2::Tile128Padded, /*kDelayedNorm=*/true, /*kOneCtaPerHead=*/true>;
-
-  // Ablation: FA1's warp split ("split-K"). The warps of a CTA split the keys of each K/V
-  // block instead of the rows of Q_i, so they exchange row maxima every block and sum their
-  // partial O_i at the end; every warp then holds all B_r rows of O_i, hence B_r = 32.
-  using SplitKV = fa2::Tile128SplitKV;
-  Stage split_kv = fa2;
-  split_kv.name = "05_fa2_warps_split_kv";
-  split_kv.prev = "05_fa2_reordered";
-  split_kv.summary = "05 with FA1's warp split: warps split each K/V block (B_r = 32) and combine through smem";
-  split_kv.head_dims = {128};
-  split_kv.refuse = [](const AttnProblem& p) { return refuse_grid(p, SplitKV::kBr); };
-  split_kv.launch = launch_ablation<SplitKV, /*kDelayedNorm=*/true, /*kOneCtaPerHead=*/false>;
-  split_kv.model_hbm_bytes = [](const AttnProblem& p) { return hbm::fa2_bytes(p, SplitKV::kBr, SplitKV::kBc); };
-
-  // Variant: 05 with the first V_j fragments of P_ij V_j loaded into registers before the
-  // softmax (Tile::kVAhead), so that the first mma of P_ij V_j need not wait for ldmatrix.
-  Stage prefetch = fa2;
-  prefetch.name = "05_fa2_prefetch";
-  prefetch.prev = "05_fa2_reordered";
-  prefetch.summary = "05 with P_ij V_j's first V_j fragments loaded (ldmatrix) before the softmax";
-  prefetch.head_dims = {128, 256};
-  prefetch.launch = launch_prefetch;
-
-  // Ablation of the shared-memory layout at d = 64 and 128: rows padded by one 16-byte chunk
-  // instead of XOR-swizzled (fa2_kernel.cuh draws both).
-  Stage padded = fa2;
-  padded.name = "05_fa2_padded";
-  padded.prev = "05_fa2_reordered";
-  padded.summary = "05 with padded shared-memory rows (d + 8 elements) instead of the XOR swizzle";
-  padded.head_dims = {64, 128};
-  padded.launch = launch_padded;
-
-  // Ablation (not an FA2 change, but one 05 makes): lazy rescaling switched off, so that
-  // O_i is rescaled after every K/V block, as in FA2.
+  // FA1's warp split ("split-K"): the warps split the keys of each K/V block instead of the rows of Q_i.
+  Stage split_kv = ablation<Ablation::warps_split_kv, HeadDims<FA2_SPLIT_KV_HEAD_DIMS>>(
+      fa2, "05_fa2_warps_split_kv",
+      "05 with FA1's warp split: warps split each K/V block (B_r = 32) and combine through smem");
+  Stage prefetch = ablation<Ablation::prefetch, HeadDims<FA2_PREFETCH_HEAD_DIMS>>(
+      fa2, "05_fa2_prefetch", "05 with P_ij V_j's first V_j fragments loaded (ldmatrix) before the softmax");
+  Stage padded = ablation<Ablation::padded, HeadDims<FA2_PADDED_HEAD_DIMS>>(
+      fa2, "05_fa2_padded", "05 with padded shared-memory rows (d + 8 elements) instead of the XOR swizzle");
+  // Not an FA2 change, but one 05 makes: lazy rescaling switched off, as in FA2.
   Stage eager = fa2;
   eager.name = "05_fa2_eager_rescale";
   eager.prev = "05_fa2_reordered";
