@@ -238,7 +238,7 @@ def main(argv=None):
         new = rewrite(text, data, path)
         if new != text:
             if a.check:
-                stale.append(str(path.relative_to(REPO) if path.resolve().is_relative_to(REPO) else path))
+                stale.append(str(path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path))
             else:
                 path.write_text(new)
                 print(f"lessons.py: rewrote the measured blocks of {path}")
