@@ -4,7 +4,7 @@
 // One launch = two steps on the stream:
 //   1. the quantization pre-kernel (fp8_quantize.cuh): bf16 Q, K, V -> e4m3 Q, K and
 //      Vᵀ (key-contiguous, so P V can use QGMMA) plus fp32 scales, into the workspace;
-//   2. the attention kernel (fa3_fp8_kernel.cuh): the 06d pipeline on e4m3 tiles, bf16 O.
+//   2. the attention kernel (fp8_fa3.cuh): 06d's kernel on e4m3 tiles, bf16 O.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,10 +25,10 @@ struct Fp8Options {
   bool hadamard = true;      // incoherent processing: Q and K times the same random-sign Hadamard matrix
 };
 
-// Head dims with an FP8 kernel: keep in step with fa3_fp8_head_dims in CMakeLists.txt.
-constexpr int kFp8HeadDims[] = {64, 128, 256};
+// The head dims with an FP8 kernel, kFp8HeadDims: fa3_head_dims.h, generated from
+// CMakeLists.txt's list (included by fa3_launch.h).
 
-// Tiles of the FP8 kernel (fa3_fp8_kernel.cuh explains each choice).
+// Tiles of the FP8 kernel (fp8_fa3.cuh explains each choice).
 constexpr int kFp8QBlockRows = 64;  // rows per Q scale = rows per consumer warpgroup
 // B_c: keys per K/V block = rows per K and V scale. 192 at d = 128 (S then takes 96
 // registers beside O's 64 and P's 24); 128 at d = 64, whose three consumer warpgroups have
@@ -66,8 +66,7 @@ struct Fp8Layout {
   // The row-sum column: V̂_jᵀ gets 8 more rows, row d all ones (e4m3 1.0) and the other
   // seven zero, so that the P V QGMMA (N = d + 8) also accumulates rowsum(P̂_ij) in O's
   // column d: l_i comes from the tensor core, and the softmax has no row sums to add up.
-  // Where N = d + 8 is a QGMMA shape (N <= 256): d = 64 and 128. Measured on an H100: 5 %
-  // faster at d = 64, within 2 % at d = 128 (06 README, FP8).
+  // Where N = d + 8 is a QGMMA shape (N <= 256): d = 64 and 128.
   static constexpr bool kRowSumColumn = D + 8 <= 256;
   static constexpr int kPvCols = kRowSumColumn ? D + 8 : D;  // N of the P V QGMMA; V̂_jᵀ rows in shared memory
 
@@ -120,7 +119,7 @@ struct Fp8Workspace {
     k_scale = take(sizeof(float) * p.B * p.Hkv * kv_blocks);
     v_scale = take(sizeof(float) * p.B * p.Hkv * kv_blocks);
     amax = take(sizeof(float) * 3);  // per-tensor amax of Q, K, V (per-tensor scales only)
-    unit_counter = take(sizeof(int));  // the persistent schedule's (fa3_kernel.cuh: next_unit)
+    unit_counter = take(sizeof(int));  // the persistent schedule's (fa3_common.cuh: next_unit)
     total = at;
   }
 };
@@ -136,7 +135,7 @@ inline double fp8_quantize_bytes(const AttnProblem& p, const Fp8Options& opt) {
   return reads * bf16_in + e4m3_out;
 }
 
-// One instantiation per head dim in kFp8HeadDims: fa3_fp8.cu.in. launch_fp8 is the whole
+// One instantiation per head dim in kFp8HeadDims: fp8_fa3.cu.in. launch_fp8 is the whole
 // Stage launch: launch_fp8_quantize (the pre-kernel) then launch_fp8_attention (the
 // attention kernel on the workspace the pre-kernel filled); bench/fp8_accuracy --time
 // times the two apart.

@@ -55,8 +55,7 @@ struct QuantArgs {
 // A CTA of 16 warps takes one block of R rows at a time, so that each warp's few rows (4 of
 // a Q block, 8 of a K or V block of 128) stay in its registers between the amax and the
 // quantization; a warp takes at most 8 rows (24 warps for the 192-row K/V blocks of
-// d = 128). (At d = 256 32 warps of 4 rows were faster while every CTA loaded its own
-// rows; since the bulk copies, 16 are: H100, 0.093 -> 0.087 ms at N = 8k.)
+// d = 128).
 template <int R>
 constexpr int kRowWarps = R / 8 > 16 ? R / 8 : 16;
 template <int R>
@@ -170,7 +169,7 @@ __device__ inline float block_inv_scale(QuantPass pass, float block_amax, const 
   }
   const float amax = pass == QuantPass::tensor_amax ? *a.tensor_amax : block_amax;
   // An all-zero block keeps scale 1; no scale is subnormal (the attention kernel divides two
-  // of them with __fdividef at d = 64: Fp8Config::kFastScaleRatio).
+  // of them with __fdividef at d = 64: fp8_fa3.cuh, Config::kFastScaleRatio).
   const float scale = amax > 0.f ? fmaxf(amax / kE4m3Max, FLT_MIN) : 1.f;
   if (threadIdx.x == 0) a.scale[block] = scale;
   return 1.f / scale;
@@ -222,11 +221,10 @@ struct QuantSmem {
 // rows in the head; a persistent grid at d >= 128, one CTA per block at d = 64:
 // launch_quantize_rows). One thread copies each block's rows (contiguous in
 // [heads, N, d]) into a stage of shared memory with one bulk copy, kQuantStages blocks ahead,
-// so the loads stream while the CTA transforms (at d >= 128 about 10 % faster than every
-// warp loading its own rows from global memory: 06 README, FP8, Measured). Warp w takes rows
-// w, w + kRowWarps, ... of a block: each row read from the stage (lane l holds columns
-// E l .. E l + E - 1), transformed once and kept in registers for both the block's amax and
-// its quantization. Q and K are stored as they are; V (kTransposed) goes through `tile` to
+// so the loads stream while the CTA transforms, instead of every warp waiting on its own
+// rows from global memory. Warp w takes rows w, w + kRowWarps, ... of a block: each row
+// read from the stage (lane l holds columns E l .. E l + E - 1), transformed once and kept
+// in registers for both the block's amax and its quantization. Q and K are stored as they are; V (kTransposed) goes through `tile` to
 // V̂ᵀ (store_transposed), the keys past Nk as zeros.
 template <int D, int R, bool kTransposed>
 __global__ void __launch_bounds__(kRowThreads<R>) quantize_rows(const QuantArgs a, QuantPass pass) {
@@ -302,9 +300,8 @@ __global__ void __launch_bounds__(kRowThreads<R>) quantize_rows(const QuantArgs 
 
 // One launch of quantize_rows over the tensor's `a.heads * a.blocks` blocks: as many CTAs
 // as fit on the GPU at once, fewer if there are fewer blocks. At d = 64 one CTA per block
-// instead (the loop runs once; the hardware hands out the next CTA): measured on an H100,
-// N = 8k / 16k, 0.085 / 0.152 ms against 0.092 / 0.165 persistent, where d = 128 and 256
-// ran 10 % slower so (0.095 / 0.172 against 0.086 / 0.152 at d = 128).
+// instead (the loop runs once; the hardware hands out the next CTA), which is faster there
+// and slower at d = 128 and 256.
 //
 // beside_previous: a programmatic dependent launch (the stream's previous kernel, the
 // pre-kernel of another tensor, lets it start as its own CTAs finish: quantize_rows), so

@@ -1,5 +1,7 @@
-// Registers rung 06's four steps. The kernels live in fa3_kernel.cuh, instantiated once per
-// (step, head dim, dtype) by the generated fa3_<step>_d<d>_<dtype>.cu files.
+// Registers rung 06's steps: 06a_tma_wgmma.cuh, 06b_warp_specialized.cuh, 06c_pingpong.cuh,
+// 06d_fa3.cuh (and its ablations) and the FP8 path (fp8_fa3.cuh), each kernel instantiated
+// once per (head dim, dtype) by the generated instance files (CMakeLists.txt), for the head
+// dims of the generated fa3_head_dims.h.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -7,6 +9,8 @@
 #include <climits>
 #include <cmath>
 #include <iterator>
+#include <type_traits>
+#include <utility>
 
 #include "06_fa3_hopper/fa3.h"
 #include "06_fa3_hopper/fa3_fp8.h"
@@ -17,69 +21,96 @@ namespace attn {
 namespace {
 
 using fa3::Schedule;
-using fa3::Variant;
-using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t, float);
-using ScheduleFn = Schedule (*)(const AttnProblem&);
 
-// 06a-c keep one tile per CTA, so that their steps measure only their own idea (06a has no
-// producer to run ahead into a next tile; its kernel would walk a persistent grid correctly
-// but serially). 06d and the FP8 path walk tiles persistently, handed out from a counter
-// (fa3_kernel.cuh: next_unit), which with a causal mask balances the tiles' differing work
-// as the hardware's hand-out of CTAs does, without a CTA start per tile.
-Schedule one_tile(const AttnProblem&) { return Schedule::one_tile_per_cta; }
-Schedule persistent(const AttnProblem&) { return Schedule::persistent; }
-Schedule cta_pairs_unless_causal(const AttnProblem& p) {
-  return p.causal ? Schedule::one_tile_per_cta : Schedule::persistent_cta_pairs;
+template <int D>
+using Dim = std::integral_constant<int, D>;
+template <class T>
+struct Type {
+  using type = T;
+};
+
+// The instance make(Dim<d>{}, Type<T>{}) for problem p: its head dim d among Ds (the built
+// ones, fa3_head_dims.h) and its element type T (bf16 or fp16); run_stage() validated both
+// against the Stage's lists, which are these lists.
+template <class Fn, class Make, int... Ds>
+Fn instance_for(const AttnProblem& p, std::integer_sequence<int, Ds...>, Make make) {
+  Fn fn = nullptr;
+  auto pick = [&](auto dim) {
+    if (p.d == decltype(dim)::value)
+      fn = p.dtype == DType::bf16 ? make(dim, Type<__nv_bfloat16>{}) : make(dim, Type<__half>{});
+  };
+  (pick(Dim<Ds>{}), ...);
+  return fn;
 }
 
-template <Variant V, int D>
-LaunchFn for_dtype(DType t) {
-  return t == DType::bf16 ? fa3::launch<V, D, __nv_bfloat16> : fa3::launch<V, D, __half>;
-}
-
-// run_stage() validated d and dtype against the Stage's lists before this is reached.
-template <Variant V>
-LaunchFn kernel_for(const AttnProblem& p) {
-  switch (p.d) {
-    case 64: return for_dtype<fa3::instance_for(V, 64), 64>(p.dtype);
-    case 128: return for_dtype<fa3::instance_for(V, 128), 128>(p.dtype);
-    default: return for_dtype<fa3::instance_for(V, 256), 256>(p.dtype);
-  }
-}
-
-// kEagerRescale: O_i rescaled every block (FA3 as published), not lazily (06d only).
-template <Variant V, ScheduleFn kSchedule = one_tile, bool kEagerRescale = false>
-Stage make_stage(std::string name, std::string prev, std::string summary) {
+// The fields of a bf16/fp16 step's Stage; rows(d) and cols(d) are its tiles (B_r, B_c).
+Stage step_stage(std::string name, std::string prev, std::string summary, int (*rows)(int), int (*cols)(int)) {
   Stage s;
   s.name = std::move(name);
   s.prev = std::move(prev);
   s.summary = std::move(summary);
   s.min_sm = 90;  // TMA, wgmma and setmaxnreg (built for sm_90a)
   s.dtypes = {DType::bf16, DType::fp16};
-  s.head_dims = {64, 128, 256};  // keep in step with fa3_head_dims in CMakeLists.txt
+  s.head_dims.assign(std::begin(fa3::kHeadDims), std::end(fa3::kHeadDims));
   s.gqa = true;
   s.writes_lse = true;
   s.compute_bound = true;
-  s.refuse = [](const AttnProblem& p) -> std::string {
-    const long long rows = fa3::block_rows(V, p.d);
-    const long long ctas = (p.Nq + rows - 1) / rows * p.B * p.H;
+  s.refuse = [rows](const AttnProblem& p) -> std::string {
+    const long long r = rows(p.d);
+    const long long ctas = (p.Nq + r - 1) / r * p.B * p.H;
     if (ctas > INT_MAX) return "needs " + std::to_string(ctas) + " CTAs; the 1-D grid holds at most 2^31 - 1";
     return "";
   };
-  if (kSchedule == persistent)  // its unit counter (fa3_kernel.cuh: next_unit); CTA pairs use none
+  s.model_hbm_bytes = [rows, cols](const AttnProblem& p) { return hbm::fa2_bytes(p, rows(p.d), cols(p.d)); };
+  return s;
+}
+
+int rows_06a(int) { return fa3::kWarpgroupRows; }
+
+// 06a-c: one tile per CTA, so that each step measures only its own idea (06a has no
+// producer to run ahead into a next tile).
+template <class Make>
+Stage one_tile_stage(std::string name, std::string prev, std::string summary, int (*rows)(int), int (*cols)(int),
+                     Make make) {
+  using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, cudaStream_t);
+  Stage s = step_stage(std::move(name), std::move(prev), std::move(summary), rows, cols);
+  s.launch = [make](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+    instance_for<LaunchFn>(p, fa3::HeadDims{}, make)(p, t, stream);
+  };
+  return s;
+}
+
+// 06d and its ablations. It walks tiles persistently, handed out from a counter
+// (fa3_common.cuh: next_unit), which with a causal mask balances the tiles' differing work
+// as the hardware's hand-out of CTAs does, without a CTA start per tile. kCtaPairs: the
+// instance with the CTA pairs' code; kEagerRescale: O_i rescaled every block (FA3 as
+// published), not lazily.
+using ScheduleFn = Schedule (*)(const AttnProblem&);
+Schedule one_tile(const AttnProblem&) { return Schedule::one_tile_per_cta; }
+Schedule persistent(const AttnProblem&) { return Schedule::persistent; }
+Schedule cta_pairs_unless_causal(const AttnProblem& p) {
+  return p.causal ? Schedule::one_tile_per_cta : Schedule::persistent_cta_pairs;
+}
+
+template <ScheduleFn kSchedule, bool kCtaPairs = false, bool kEagerRescale = false>
+Stage stage_06d(std::string name, std::string prev, std::string summary) {
+  using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t, float);
+  Stage s = step_stage(std::move(name), std::move(prev), std::move(summary), fa3::block_rows, fa3::block_cols);
+  if (kSchedule == persistent)  // its unit counter (fa3_common.cuh: next_unit); CTA pairs use none
     s.workspace_bytes = [](const AttnProblem&) { return sizeof(int); };
   s.launch = [](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-    kernel_for<V>(p)(p, t, kSchedule(p), stream, kEagerRescale ? -INFINITY : fa3::kRescaleLog2);
-  };
-  s.model_hbm_bytes = [](const AttnProblem& p) {
-    return hbm::fa2_bytes(p, fa3::block_rows(V, p.d), fa3::block_cols(V, p.d));
+    const LaunchFn fn = instance_for<LaunchFn>(p, fa3::HeadDims{}, [](auto dim, auto type) {
+      constexpr int D = decltype(dim)::value;
+      return &fa3::step06d::launch<D, typename decltype(type)::type, kCtaPairs || fa3::cta_pairs_code_in_06d(D)>;
+    });
+    fn(p, t, kSchedule(p), stream, kEagerRescale ? -INFINITY : fa3::kRescaleLog2);
   };
   return s;
 }
 
 // The FP8 path (fa3_fp8.h): one kernel pair per head dim; the four stages differ only in
 // the pre-kernel's options (the ablation of FA3 Table 3).
-Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa3::Fp8Options opt) {
+Stage fp8_stage(std::string name, std::string prev, std::string summary, fa3::Fp8Options opt) {
   Stage s;
   s.name = std::move(name);
   s.prev = std::move(prev);
@@ -99,7 +130,7 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   };
   s.workspace_bytes = [](const AttnProblem& p) { return fa3::Fp8Workspace(p).total; };
   s.launch = [opt](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-    fa3::fp8_launch_for(p.d)(p, t, opt, persistent(p), stream);
+    fa3::fp8_launch_for(p.d)(p, t, opt, Schedule::persistent, stream);
   };
   // Attention kernel: FA2's traffic with e = 1 (e4m3 Q, K, V), plus one byte per element
   // of O (written as bf16); then the pre-kernel's reads and writes.
@@ -110,15 +141,13 @@ Stage make_fp8_stage(std::string name, std::string prev, std::string summary, fa
   return s;
 }
 
-// The FP8 instance of head dim d among kFp8HeadDims (its launch or its pre-kernel); any
-// other d throws, naming the built ones.
-template <class Fn>
-Fn fp8_instance(int d, Fn d64, Fn d128, Fn d256) {
-  switch (d) {
-    case 64: return d64;
-    case 128: return d128;
-    case 256: return d256;
-  }
+// The FP8 instance of head dim d among kFp8HeadDims (its launch, pre-kernel or attention
+// kernel: make(Dim<d>{})); any other d throws, naming the built ones.
+template <class Fn, class Make, int... Ds>
+Fn fp8_instance(int d, std::integer_sequence<int, Ds...>, Make make) {
+  Fn fn = nullptr;
+  ((d == Ds ? (fn = make(Dim<Ds>{}), true) : false) || ...);
+  if (fn) return fn;
   std::string built;
   for (int k : fa3::kFp8HeadDims) built += (built.empty() ? "" : ", ") + std::to_string(k);
   throw AttnError("06_fa3_hopper fp8: no kernel for head dim d = " + std::to_string(d) + " (built: " + built + ")");
@@ -129,49 +158,62 @@ Fn fp8_instance(int d, Fn d64, Fn d128, Fn d256) {
 namespace fa3 {
 
 Fp8LaunchFn fp8_launch_for(int d) {
-  return fp8_instance<Fp8LaunchFn>(d, launch_fp8<64>, launch_fp8<128>, launch_fp8<256>);
+  return fp8_instance<Fp8LaunchFn>(d, Fp8HeadDims{}, [](auto dim) { return &launch_fp8<decltype(dim)::value>; });
 }
 
 Fp8QuantizeFn fp8_quantize_for(int d) {
-  return fp8_instance<Fp8QuantizeFn>(d, launch_fp8_quantize<64>, launch_fp8_quantize<128>, launch_fp8_quantize<256>);
+  return fp8_instance<Fp8QuantizeFn>(d, Fp8HeadDims{},
+                                     [](auto dim) { return &launch_fp8_quantize<decltype(dim)::value>; });
 }
 
 Fp8AttentionFn fp8_attention_for(int d) {
-  return fp8_instance<Fp8AttentionFn>(d, launch_fp8_attention<64>, launch_fp8_attention<128>,
-                                      launch_fp8_attention<256>);
+  return fp8_instance<Fp8AttentionFn>(d, Fp8HeadDims{},
+                                      [](auto dim) { return &launch_fp8_attention<decltype(dim)::value>; });
 }
 
 }  // namespace fa3
 
 std::vector<Stage> fa3_stages() {
+  auto launch_06a = [](auto dim, auto type) {
+    return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
+  };
+  auto launch_06b = [](auto dim, auto type) {
+    return &fa3::step06b::launch<decltype(dim)::value, typename decltype(type)::type>;
+  };
+  auto launch_06c = [](auto dim, auto type) {
+    return &fa3::step06c::launch<decltype(dim)::value, typename decltype(type)::type>;
+  };
   return {
-      make_stage<Variant::tma_wgmma>("06a_tma_wgmma", "05_fa2_reordered",
-                                     "TMA loads on mbarriers, wgmma SS (QK^T) and RS (PV); one warpgroup"),
-      make_stage<Variant::warp_specialized>("06b_warp_specialized", "06a_tma_wgmma",
-                                            "producer warpgroup + K/V ring; two consumer warpgroups (setmaxnreg)"),
-      make_stage<Variant::pingpong>("06c_pingpong", "06b_warp_specialized",
-                                    "named barriers: one consumer's softmax under the other's GEMMs"),
-      make_stage<Variant::fa3, persistent>(
+      one_tile_stage("06a_tma_wgmma", "05_fa2_reordered",
+                     "TMA loads on mbarriers, wgmma SS (QK^T) and RS (PV); one warpgroup", rows_06a,
+                     fa3::block_cols_06a, launch_06a),
+      one_tile_stage("06b_warp_specialized", "06a_tma_wgmma",
+                     "producer warpgroup + K/V ring; two consumer warpgroups (setmaxnreg)", fa3::block_rows,
+                     fa3::block_cols, launch_06b),
+      one_tile_stage("06c_pingpong", "06b_warp_specialized",
+                     "named barriers: one consumer's softmax under the other's GEMMs", fa3::block_rows,
+                     fa3::block_cols, launch_06c),
+      stage_06d<persistent>(
           "06d_fa3", "06c_pingpong",
           "intra-warpgroup overlap: next QK^T and this PV issued together; lazy rescaling; persistent CTAs"),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
-      // clusters of two CTAs that share each K/V block (TMA multicast; no faster, README),
-      // whose kernel adds the pairs' code to 06d's (Variant::fa3_cta_pairs).
-      make_stage<Variant::fa3, one_tile>("06d_one_tile_per_cta", "06d_fa3",
-                                         "06d without persistent CTAs: one tile per CTA, no overlap across tiles"),
-      make_stage<Variant::fa3_cta_pairs, cta_pairs_unless_causal>(
+      // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
+      // the pairs' code to 06d's (kCtaPairs).
+      stage_06d<one_tile>("06d_one_tile_per_cta", "06d_fa3",
+                          "06d without persistent CTAs: one tile per CTA, no overlap across tiles"),
+      stage_06d<cta_pairs_unless_causal, /*kCtaPairs=*/true>(
           "06d_cta_pairs", "06d_fa3", "06d in CTA pairs: each K/V block loaded once per pair of Q blocks (multicast)"),
       // Ablation of 06d's lazy rescaling: O_i rescaled after every block, as in FA3.
-      make_stage<Variant::fa3, persistent, /*kEagerRescale=*/true>(
+      stage_06d<persistent, false, /*kEagerRescale=*/true>(
           "06d_eager_rescale", "06d_fa3", "06d rescaling O_i after every K/V block (no lazy rescaling), as FA3"),
-      make_fp8_stage("06_fp8", "", "FP8 e4m3 (QGMMA): block quantization + Hadamard incoherent processing",
-                     {/*block_scales=*/true, /*hadamard=*/true}),
-      make_fp8_stage("06_fp8_no_hadamard", "06_fp8", "FP8 ablation: block scales, no incoherent processing",
-                     {/*block_scales=*/true, /*hadamard=*/false}),
-      make_fp8_stage("06_fp8_per_tensor_hadamard", "06_fp8", "FP8 ablation: one scale per tensor, with Hadamard",
-                     {/*block_scales=*/false, /*hadamard=*/true}),
-      make_fp8_stage("06_fp8_per_tensor", "06_fp8", "FP8 baseline: one scale per tensor, no Hadamard",
-                     {/*block_scales=*/false, /*hadamard=*/false}),
+      fp8_stage("06_fp8", "", "FP8 e4m3 (QGMMA): block quantization + Hadamard incoherent processing",
+                {/*block_scales=*/true, /*hadamard=*/true}),
+      fp8_stage("06_fp8_no_hadamard", "06_fp8", "FP8 ablation: block scales, no incoherent processing",
+                {/*block_scales=*/true, /*hadamard=*/false}),
+      fp8_stage("06_fp8_per_tensor_hadamard", "06_fp8", "FP8 ablation: one scale per tensor, with Hadamard",
+                {/*block_scales=*/false, /*hadamard=*/true}),
+      fp8_stage("06_fp8_per_tensor", "06_fp8", "FP8 baseline: one scale per tensor, no Hadamard",
+                {/*block_scales=*/false, /*hadamard=*/false}),
   };
 }
 

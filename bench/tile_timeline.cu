@@ -1,6 +1,6 @@
 // Where a persistent 06d CTA spends its time, tile by tile: 06d's d = 128 kernel (bf16, or
 // with --fp8 the FP8 attention kernel) built with FA3_TIMELINE, so that thread 0 of each
-// warpgroup stamps the SM clock (clock64) at the events of fa3_kernel.cuh's Mark; then the
+// warpgroup stamps the SM clock (clock64) at the events of fa3_common.cuh's Mark; then the
 // medians over every CTA's tiles, and, for the middle K/V block of each tile, where the
 // block's time goes (the steps of overlapped_blocks). A clock read is not a scheduling
 // fence, so the steps are named in the order the SASS has them: at d = 128 ptxas moves
@@ -17,8 +17,8 @@
 // attention kernel alone, after one run of the pre-kernel). The marks cost a few
 // instructions and stores per tile: compare its time with attn_bench's row.
 #define FA3_TIMELINE
-#include "06_fa3_hopper/fa3_fp8_kernel.cuh"
-#include "06_fa3_hopper/fa3_kernel.cuh"
+#include "06_fa3_hopper/06d_fa3.cuh"
+#include "06_fa3_hopper/fp8_fa3.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -42,8 +42,10 @@ __device__ void timeline_mark(int seq, Mark m) {
     g_marks[blockIdx.x][seq][role][int(m)] = clock64();
 }
 
-template void launch<Variant::fa3, 128, __nv_bfloat16>(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t,
-                                                        float);
+// 06d's d = 128 instance, as the library has it (no CTA pairs' code at d = 128).
+constexpr bool kPairs128 = cta_pairs_code_in_06d(128);
+template void step06d::launch<128, __nv_bfloat16, kPairs128>(const AttnProblem&, const AttnTensors&, Schedule,
+                                                              cudaStream_t, float);
 template void launch_fp8_quantize<128>(const AttnProblem&, const AttnTensors&, const Fp8Options&, cudaStream_t);
 template void launch_fp8_attention<128>(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t);
 
@@ -202,12 +204,13 @@ int run(int N, bool fp8) {
   t.workspace_bytes = ws.bytes();
   if (fp8) {
     fa3::launch_fp8_quantize<128>(p, t, fa3::Fp8Options{}, nullptr);  // the full variant's workspace
-    return report<fa3::Fp8Config<128>>("06_fp8 (attention kernel)", p, [&] {
+    return report<fa3::fp8::Config<128>>("06_fp8 (attention kernel)", p, [&] {
       fa3::launch_fp8_attention<128>(p, t, fa3::Schedule::persistent, nullptr);
     });
   }
-  return report<fa3::Config<fa3::Variant::fa3, 128, __nv_bfloat16>>("06d", p, [&] {
-    fa3::launch<fa3::Variant::fa3, 128, __nv_bfloat16>(p, t, fa3::Schedule::persistent, nullptr, fa3::kRescaleLog2);
+  return report<fa3::step06d::Config<128, __nv_bfloat16, fa3::kPairs128>>("06d", p, [&] {
+    fa3::step06d::launch<128, __nv_bfloat16, fa3::kPairs128>(p, t, fa3::Schedule::persistent, nullptr,
+                                                             fa3::kRescaleLog2);
   });
 }
 

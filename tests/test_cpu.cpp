@@ -5,7 +5,9 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <type_traits>
 
+#include "05_fa2_reordered/fa2_ablation_tiles.h"
 #include "05_fa2_reordered/fa2_tiles.h"
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "06_fa3_hopper/swizzle.h"
@@ -316,7 +318,7 @@ void expect_fa2_tile_layout(const char* name) {
       ASSERT_GE(off, 0);
       ASSERT_LT(off, Cfg::kD) << "row " << row << " chunk " << c << " leaves its row";
       slots.insert(off);
-      if (Cfg::kSwizzle) {
+      if (std::is_same_v<typename Cfg::Layout, fa2::SwizzledRows<Cfg::kD>>) {
         const uint32_t plain = uint32_t((row * Cfg::kStride + c * fa2::kChunkElems) * kBytes);
         const uint32_t stored = uint32_t(fa2::tile_offset<Cfg>(row, c) * kBytes);
         EXPECT_EQ(stored / 128, plain / 128) << "row " << row << " chunk " << c << " leaves its 128-byte line";
@@ -345,14 +347,15 @@ void expect_fa2_tile_layout(const char* name) {
 }  // namespace
 
 TEST(Fa2Layout, TilesArePermutationsFreeOfBankConflicts) {
-  expect_fa2_tile_layout<fa2::Tile64>("Tile64 (swizzled)");
-  expect_fa2_tile_layout<fa2::Tile128>("Tile128 (swizzled)");
-  expect_fa2_tile_layout<fa2::Tile256>("Tile256 (swizzled)");
-  expect_fa2_tile_layout<fa2::Tile64Padded>("Tile64Padded");
-  expect_fa2_tile_layout<fa2::Tile128Padded>("Tile128Padded");
-  expect_fa2_tile_layout<fa2::Tile128SplitKV>("Tile128SplitKV (padded)");
-  static_assert(fa2::Tile64::kSwizzle && fa2::Tile128::kSwizzle && fa2::Tile256::kSwizzle &&
-                    !fa2::Tile128Padded::kSwizzle,
+  using fa2::Ablation;
+  expect_fa2_tile_layout<fa2::TileFor<64>>("TileFor<64> (swizzled)");
+  expect_fa2_tile_layout<fa2::TileFor<128>>("TileFor<128> (swizzled)");
+  expect_fa2_tile_layout<fa2::TileFor<256>>("TileFor<256> (swizzled)");
+  expect_fa2_tile_layout<fa2::AblationTileFor<Ablation::padded, 64>>("padded, d = 64");
+  expect_fa2_tile_layout<fa2::AblationTileFor<Ablation::padded, 128>>("padded, d = 128");
+  expect_fa2_tile_layout<fa2::AblationTileFor<Ablation::warps_split_kv, 128>>("split-K, d = 128 (padded)");
+  expect_fa2_tile_layout<fa2::AblationTileFor<Ablation::prefetch, 256>>("prefetch, d = 256 (swizzled)");
+  static_assert(fa2::TileFor<128>::kStride == 128 && fa2::AblationTileFor<Ablation::padded, 128>::kStride == 136,
                 "the layouts the README describes");
 }
 
@@ -483,27 +486,34 @@ TEST(Fa3Budgets, ConsumersTakeOnlyWhatTheProducerGaveBack) {
   EXPECT_TRUE(fa3::setmaxnreg_budgets_fit(2, 40, 232));
 }
 
-TEST(Fa3Instances, CtaPairsRunTheirOwnKernelExceptAtD256) {
-  using fa3::Variant;
-  // 06d_cta_pairs: its own instance (with the pairs' code) at d = 64 and 128, where 06d has
-  // none (CMakeLists.txt builds fa3_06d_cta_pairs for those only); 06d's at d = 256.
-  EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 64), Variant::fa3_cta_pairs);
-  EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 128), Variant::fa3_cta_pairs);
-  EXPECT_EQ(fa3::instance_for(Variant::fa3_cta_pairs, 256), Variant::fa3);
-  for (int d : {64, 128, 256}) {  // whichever instance runs the pairs has their code; 06d's only where it must
-    EXPECT_TRUE(fa3::has_pairs_code(fa3::instance_for(Variant::fa3_cta_pairs, d), d)) << "d = " << d;
-    EXPECT_EQ(fa3::has_pairs_code(Variant::fa3, d), d == 256) << "d = " << d;
+TEST(Fa3Instances, CtaPairsCodeOnlyWhere06dNeedsIt) {
+  // 06d's own kernel carries the CTA pairs' code only at d = 256; at the other head dims
+  // 06d_cta_pairs runs an instance of its own (06_fa3_hopper/CMakeLists.txt builds
+  // 06d_cta_pairs.cu.in for those only, and stages.cu picks it).
+  for (int d : fa3::kHeadDims) EXPECT_EQ(fa3::cta_pairs_code_in_06d(d), d == 256) << "d = " << d;
+  // The pairs' build is 06d in everything else: the same head dims, the same tiles, so the
+  // same modelled traffic.
+  const Stage& fa3_06d = find_stage("06d_fa3");
+  for (const char* name : {"06d_cta_pairs", "06d_one_tile_per_cta", "06d_eager_rescale"}) {
+    const Stage& ablation = find_stage(name);
+    EXPECT_EQ(ablation.head_dims, fa3_06d.head_dims) << name;
+    for (int d : fa3::kHeadDims) {
+      const AttnProblem p = tiny(1000, 1000, d, false, 4, 2);
+      EXPECT_EQ(ablation.model_hbm_bytes(p), fa3_06d.model_hbm_bytes(p)) << name << " d = " << d;
+    }
   }
-  for (int d : {64, 128, 256})
-    for (Variant v : {Variant::tma_wgmma, Variant::warp_specialized, Variant::pingpong, Variant::fa3})
-      EXPECT_EQ(fa3::instance_for(v, d), v) << "d = " << d;
-  // The pairs' build is 06d in everything else: the same tiles.
-  EXPECT_TRUE(fa3::is_06d(Variant::fa3_cta_pairs));
-  EXPECT_FALSE(fa3::is_06d(Variant::pingpong));
-  for (int d : {64, 128, 256}) {
-    EXPECT_EQ(fa3::block_rows(Variant::fa3_cta_pairs, d), fa3::block_rows(Variant::fa3, d));
-    EXPECT_EQ(fa3::block_cols(Variant::fa3_cta_pairs, d), fa3::block_cols(Variant::fa3, d));
-  }
+}
+
+TEST(Registry, Fa3StagesTakeEveryBuiltHeadDim) {
+  // The Stage records list exactly the head dims CMakeLists.txt builds (fa3_head_dims.h).
+  const std::vector<int> built(std::begin(fa3::kHeadDims), std::end(fa3::kHeadDims));
+  for (const char* name : {"06a_tma_wgmma", "06b_warp_specialized", "06c_pingpong", "06d_fa3",
+                           "06d_one_tile_per_cta", "06d_cta_pairs", "06d_eager_rescale"})
+    EXPECT_EQ(find_stage(name).head_dims, built) << name;
+  // 06a's one warpgroup keeps B_c = 64 at d = 256; 06b-d's consumers take 80.
+  EXPECT_EQ(fa3::block_cols_06a(256), 64);
+  EXPECT_EQ(fa3::block_cols(256), 80);
+  EXPECT_EQ(fa3::block_rows(64), 3 * fa3::kWarpgroupRows);
 }
 
 TEST(Fp8Model, WgmmaKeyPositionMakesAccumulatorPairsOperandQuads) {

@@ -206,7 +206,7 @@ TEST_F(Gpu, ScoresClimbingAlongTheKeysRescaleExactly) {
 }
 
 // 06d at d <= 128 exponentiates a block against the running max before it knows the
-// block's max (fa3_kernel.cuh: settle_speculation). Scores that jump by 100 nats (144 in
+// block's max (06d_fa3.cuh: settle_speculation). Scores that jump by 100 nats (144 in
 // log2 units) at keys 400 and 800 overflow those P to inf: the warp must recompute its
 // scores and take the exact path, twice per row. A jump of 87 nats (125.5 in log2 units)
 // leaves each P finite, but a thread's sum of the ~30 jumped P of its row overflows: the
@@ -217,12 +217,12 @@ TEST_F(Gpu, ScoresJumpingPastTheRunningMaxRecomputeExactly) {
 }
 
 // Rows whose scores are all negative, in every block: the FP8 kernel takes a block's row max
-// on the integer ALU (fa3_kernel.cuh: block_max), which is exact only where a row has a
+// on the integer ALU (fp8_fa3.cuh: block_max), which is exact only where a row has a
 // score >= 0 or a running max >= 0 already; here the float max must be taken instead. With
 // the integer one a row's max would be its least score, and in FP8 (small scores only: e4m3
 // keeps a score to ~6 %) the keys more than 0.56 nats above it would saturate P at 448. The
 // 16-bit rungs keep the float tree; their case (keys 200 nats above the least score, which
-// would overflow P to inf) holds them to it should online_softmax's kIntMax reach them.
+// would overflow P to inf) holds them to it should the integer max reach them.
 TEST_F(Gpu, NegativeScoresTakeTheFloatMax) {
   expect_key_scores_handled(stream_, [](int j) { return j % 2 ? -100.0 : -300.0; });
   expect_key_scores_handled(stream_, [](int j) { return -1.0 - 3.0 * std::fmod(0.618034 * j, 1.0); },
@@ -230,8 +230,8 @@ TEST_F(Gpu, NegativeScoresTakeTheFloatMax) {
 }
 
 // V's block scales in FP8: O_i is kept in units of the last V block's scale and moved to
-// V_j's with each block's rescale (alpha * v_scale_(j-1) / v_scale_j, fa3_fp8_kernel.cuh:
-// Fp8Blocks::rescale). Here V's rows swing by 2^+-2 along the keys (sin(j / 60)), so
+// V_j's with each block's rescale (alpha * v_scale_(j-1) / v_scale_j, fp8_fa3.cuh:
+// BlockScales::rescale). Here V's rows swing by 2^+-2 along the keys (sin(j / 60)), so
 // neighbouring blocks' scales differ by 2^0.3 to 2^2.6 either way, while the scores climb
 // 2.6 nats over the 1000 keys (every block moves each row's max a little). A ratio applied
 // the wrong way round, to the wrong block or not at all weights whole blocks wrong, which
