@@ -21,12 +21,12 @@ template <typename Walk>
 __global__ void __launch_bounds__(Walk::Threads) row_sum_exp(ScoreRows rows, const float* S, float* row_sum) {
   for (int64_t r = first_row(); r < rows.count; r += row_stride()) {
     const float* S_i = S + r * rows.Nk;
-    float l_i = 0.f;
+    float l_i = 0.f;  // LAB:BEGIN 01.row_sum
     for_each_chunk<Walk>(S_i, rows.visible(r), [&](const float(&s)[Walk::Chunk]) {
 #pragma unroll
       for (float S_ij : s) l_i += __expf(S_ij);  // inf once S_ij > ~88.7
     });
-    l_i = group_sum(l_i);
+    l_i = group_sum(l_i);  // LAB:END
     if (lane() == 0) row_sum[r] = l_i;
   }
 }

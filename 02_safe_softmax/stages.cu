@@ -20,12 +20,12 @@ template <typename Walk>
 __global__ void __launch_bounds__(Walk::Threads) row_max(ScoreRows rows, const float* S, float* row_max) {
   for (int64_t r = first_row(); r < rows.count; r += row_stride()) {
     const float* S_i = S + r * rows.Nk;
-    float m_i = -INFINITY;
+    float m_i = -INFINITY;  // LAB:BEGIN 02.row_max
     for_each_chunk<Walk>(S_i, rows.visible(r), [&](const float(&s)[Walk::Chunk]) {
 #pragma unroll
       for (float S_ij : s) m_i = fmaxf(m_i, S_ij);
     });
-    m_i = group_max(m_i);
+    m_i = group_max(m_i);  // LAB:END
     if (lane() == 0) row_max[r] = m_i;
   }
 }
@@ -37,12 +37,12 @@ __global__ void __launch_bounds__(Walk::Threads)
   for (int64_t r = first_row(); r < rows.count; r += row_stride()) {
     const float* S_i = S + r * rows.Nk;
     const float m_i = row_max[r];  // a row with no visible key runs no chunk, so -inf is never used
-    float l_i = 0.f;
+    float l_i = 0.f;  // LAB:BEGIN 02.shifted_sum
     for_each_chunk<Walk>(S_i, rows.visible(r), [&](const float(&s)[Walk::Chunk]) {
 #pragma unroll
       for (float S_ij : s) l_i += __expf(S_ij - m_i);  // every exponent <= 0
     });
-    l_i = group_sum(l_i);
+    l_i = group_sum(l_i);  // LAB:END
     if (lane() == 0) row_sum[r] = l_i;
   }
 }

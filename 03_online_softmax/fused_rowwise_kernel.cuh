@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kRowsPerCta * kWarpSize)
     }
 
     // online softmax: m_new = max(m, max_c s_c); rescale l and o by exp(m - m_new)
-    const float m_new = fmaxf(m, group_max(s));  // finite: key j0 is visible
+    const float m_new = fmaxf(m, group_max(s));  // finite: key j0 is visible; LAB:BEGIN 03b.update
     const float alpha = __expf(m - m_new);      // exp(-inf) = 0 on the first chunk
     const float p = __expf(s - m_new);          // 0 for keys past the end
     l = alpha * l + group_sum(p);
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kRowsPerCta * kWarpSize)
 #pragma unroll
       for (int k = 0; k < kDimsPerLane; ++k) o[k] += p_c * v[k];
     }
-    m = m_new;
+    m = m_new;  // LAB:END
   }
 
   // O_i = o / l; a row that sees no key has l = 0: O = 0, lse = -inf

@@ -25,10 +25,10 @@ __device__ inline void warp_merge(float& m, float& l) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const float m_other = __shfl_xor_sync(kFullWarp, m, offset);
     const float l_other = __shfl_xor_sync(kFullWarp, l, offset);
-    const float m_new = fmaxf(m, m_other);
+    const float m_new = fmaxf(m, m_other);  // LAB:BEGIN 03a.merge
     if (m_new == -INFINITY) continue;  // both empty: stay (-inf, 0), avoid exp(-inf + inf)
     l = l * __expf(m - m_new) + l_other * __expf(m_other - m_new);
-    m = m_new;
+    m = m_new;  // LAB:END
   }
 }
 
@@ -44,9 +44,9 @@ __global__ void __launch_bounds__(Walk::Threads)
 #pragma unroll
       for (float S_ij : s) m_new = fmaxf(m_new, S_ij);
       if (m_new == -INFINITY) return;  // nothing visible in this lane yet
-      float l_new = l_i * __expf(m_i - m_new);  // rescale the sum so far to the new max
+      float l_new = l_i * __expf(m_i - m_new);  // rescale the sum so far to the new max; LAB:BEGIN 03a.rescale
 #pragma unroll
-      for (float S_ij : s) l_new += __expf(S_ij - m_new);
+      for (float S_ij : s) l_new += __expf(S_ij - m_new);  // LAB:END
       m_i = m_new;
       l_i = l_new;
     });

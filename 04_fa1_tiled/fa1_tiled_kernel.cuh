@@ -159,14 +159,14 @@ __device__ void softmax_rows(const Args& a, int64_t i0, int64_t j0, const float*
     l_tilde = group_sum<kRowLanes>(l_tilde);
 
     if (lane == 0 && live) {
-      const float m_new = fmaxf(m_i[r], m_tilde);
+      const float m_new = fmaxf(m_i[r], m_tilde);  // LAB:BEGIN 04.statistics
       const float e_old = rescale(m_i[r], m_new), e_new = rescale(m_tilde, m_new);
       const float l_new = e_old * l_i[r] + e_new * l_tilde;
       const float inv_l_new = l_new > 0.f ? 1.f / l_new : 0.f;  // 0: no key seen yet, O_i stays 0
       m_hbm[row] = m_new;
       l_hbm[row] = l_new;
       old_weight[r] = l_i[r] * e_old * inv_l_new;
-      new_weight[r] = e_new * inv_l_new;
+      new_weight[r] = e_new * inv_l_new;  // LAB:END
     }
   }
 }
@@ -183,9 +183,9 @@ __device__ void update_O(float* O_i, int rows, const float* PV, int ld_pv, const
       [&](int64_t x, float4 o) {
         const int r = int(x / kVecsPerRow), c = int(x % kVecsPerRow) * kFloatsPerCopy;
         const float4 pv = *reinterpret_cast<const float4*>(PV + r * ld_pv + c);
-        const float w_old = old_weight[r], w_new = new_weight[r];
+        const float w_old = old_weight[r], w_new = new_weight[r];  // LAB:BEGIN 04.update_O
         O4[x] = make_float4(w_old * o.x + w_new * pv.x, w_old * o.y + w_new * pv.y, w_old * o.z + w_new * pv.z,
-                            w_old * o.w + w_new * pv.w);
+                            w_old * o.w + w_new * pv.w);  // LAB:END
       });
 }
 
