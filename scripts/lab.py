@@ -737,6 +737,8 @@ def merge_log(path, lines, order):
 
 
 def git_head():
+    if os.environ.get("ATTN_GIT_SHA"):  # a copy of the tree whose .git is not its commit
+        return os.environ["ATTN_GIT_SHA"]
     try:
         return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip() or "?"
