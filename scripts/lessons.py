@@ -167,10 +167,11 @@ def table_op(data):
     rows = data.op
     if not rows:
         return None
-    out = ["| rung | N | causal | op (ms) | attn_bench (ms) | op / bench | cuDNN (ms) | op speedup vs cuDNN |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| rung | N | causal | op (ms) | run() (ms) | attn_bench (ms) | op / bench | cuDNN (ms) | op speedup vs cuDNN |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['rung']} | {n_label(int(r['N']))} | {r['causal']} | {float(r['op_ms']):.3f} | "
+        run = f"{float(r['run_ms']):.3f}" if r.get("run_ms") else "–"
+        out.append(f"| {r['rung']} | {n_label(int(r['N']))} | {r['causal']} | {float(r['op_ms']):.3f} | {run} | "
                    f"{float(r['bench_ms']):.3f} | {float(r['op_over_bench']):.3f} | {float(r['cudnn_ms']):.3f} | "
                    f"{float(r['speedup_vs_cudnn']):.2f}× |")
     d = rows[0]["d"]

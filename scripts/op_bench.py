@@ -2,7 +2,8 @@
 """The PyTorch operator's speed against the bench's and cuDNN's, on the same GPU in one call.
 
 For each rung and problem: attn_ladder.attention timed back to back in this process (as a
-training loop calls it), PyTorch SDPA's cuDNN backend the same way in the same process, and
+training loop calls it), the plain call attn_ladder.run (the C API without the operator's
+dispatch), PyTorch SDPA's cuDNN backend the same way in the same process, and
 build/bench/attn_bench --timing back-to-back on the same problems (its own process). Writes
 one row per (rung, problem) to --csv and prints the table; scripts/lessons.py quotes the CSV
 (metric=op).
@@ -34,7 +35,7 @@ import attn_ladder  # noqa: E402
 TOKENS = 16384
 HEADS = 16
 REPEATS = 50
-COLUMNS = ["gpu", "rung", "dtype", "B", "H", "N", "d", "causal", "op_ms", "bench_ms", "op_over_bench",
+COLUMNS = ["gpu", "rung", "dtype", "B", "H", "N", "d", "causal", "op_ms", "run_ms", "bench_ms", "op_over_bench",
            "cudnn_ms", "speedup_vs_cudnn", "git_sha"]
 
 
@@ -81,7 +82,7 @@ def main(argv=None):
     with open(a.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
-        print(f"{'rung':<18} {'N':>5} {'causal':>6} {'op ms':>8} {'bench ms':>9} {'op/bench':>9} {'cuDNN ms':>9} "
+        print(f"{'rung':<18} {'N':>5} {'causal':>6} {'op ms':>8} {'run ms':>8} {'bench ms':>9} {'op/bench':>9} {'cuDNN ms':>9} "
               f"{'vs cuDNN':>9}")
         for n in ns:
             B = TOKENS // n
@@ -97,14 +98,16 @@ def main(argv=None):
                         op_ms = peers.time_call(lambda: attn_ladder.attention(q, k, v, rung=rung, causal=bool(causal),
                                                                               fp8=fp8),
                                                 REPEATS, None, "back-to-back")[0]
+                        run_ms = peers.time_call(lambda: attn_ladder.run(rung, q, k, v, causal=bool(causal), fp8=fp8),
+                                                 REPEATS, None, "back-to-back")[0]
                     bench_ms = bench.get((rung, n, causal))
                     row = {"gpu": gpu, "rung": rung, "dtype": "fp8" if fp8 else "bf16", "B": B, "H": HEADS, "N": n,
-                           "d": a.d, "causal": causal, "op_ms": f"{op_ms:.4f}",
+                           "d": a.d, "causal": causal, "op_ms": f"{op_ms:.4f}", "run_ms": f"{run_ms:.4f}",
                            "bench_ms": f"{bench_ms:.4f}" if bench_ms else "",
                            "op_over_bench": f"{op_ms / bench_ms:.3f}" if bench_ms else "",
                            "cudnn_ms": f"{cudnn_ms:.4f}", "speedup_vs_cudnn": f"{cudnn_ms / op_ms:.3f}", "git_sha": sha}
                     w.writerow(row)
-                    print(f"{rung:<18} {n:>5} {causal:>6} {op_ms:>8.3f} {bench_ms or float('nan'):>9.3f} "
+                    print(f"{rung:<18} {n:>5} {causal:>6} {op_ms:>8.3f} {run_ms:>8.3f} {bench_ms or float('nan'):>9.3f} "
                           f"{row['op_over_bench'] or '–':>9} {cudnn_ms:>9.3f} {row['speedup_vs_cudnn']:>9}")
     return 0
 
