@@ -231,7 +231,7 @@ __device__ __forceinline__ void softmax_row(float (&S_ij)[Frag<Cfg>::kM][Frag<Cf
                                             float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],
                                             float (&m_i)[Frag<Cfg>::kM][2], float (&l_i)[Frag<Cfg>::kM][2], int mt,
                                             int half, float row_max, float scale_log2, bool rescale_o) {
-  const float max_scaled = scaled_max<kMasked>(row_max, scale_log2);
+  const float max_scaled = scaled_max<kMasked>(row_max, scale_log2);  // LAB:BEGIN 05.softmax_update
   // e^(m_old - m_new); 0 if m_old = -inf; 1 when the warp keeps its m_i (lazy rescaling)
   const float alpha = rescale_o ? exp2_approx(m_i[mt][half] * scale_log2 - max_scaled) : 1.f;
   m_i[mt][half] = row_max;
@@ -241,7 +241,7 @@ __device__ __forceinline__ void softmax_row(float (&S_ij)[Frag<Cfg>::kM][Frag<Cf
 #pragma unroll
     for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= alpha;
+      for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= alpha;  // LAB:END
 }
 
 // Algorithm 1, lines 9-10 for all of this warp's rows: every row's max first, then each
@@ -379,14 +379,14 @@ struct KvRange {
 };
 template <int B_r, int B_c, typename T>
 __device__ __forceinline__ KvRange kv_range(const Params<T>& p, int row0) {
-  const int last_row = min(row0 + B_r, p.Nq) - 1;
+  const int last_row = min(row0 + B_r, p.Nq) - 1;  // LAB:BEGIN 05.kv_range
   int keys = p.Nk;
   int unmasked_blocks = p.Nk / B_c;  // blocks wholly inside [0, Nk)
   if (p.causal) {
     keys = max(0, min(p.Nk, last_row + (p.Nk - p.Nq) + 1));
     unmasked_blocks = min(unmasked_blocks, max(0, row0 + (p.Nk - p.Nq) + 1) / B_c);
   }
-  return {(keys + B_c - 1) / B_c, unmasked_blocks};
+  return {(keys + B_c - 1) / B_c, unmasked_blocks};  // LAB:END
 }
 
 // One Q block i of head bh: Algorithm 1, lines 4-15.
@@ -464,12 +464,12 @@ __device__ __forceinline__ void attend_q_block(const Params<T>& p, T* sQ, T* sK,
       if (j + 1 < kv.T_c) load_kv(sK, K, j + 1);  // K_{j+1}, while the softmax and P_ij V_j run
       ptx::cp_async_commit();
     }
-    if (j < kv.unmasked_blocks) {  // lines 9-10: m_i, P_ij, l_i, O_i rescaled
+    if (j < kv.unmasked_blocks) {  // lines 9-10: m_i, P_ij, l_i, O_i rescaled; LAB:BEGIN 05.mask_choice
       online_softmax<Cfg, false>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
     } else {  // block crosses the causal diagonal or the end of K
       mask_tile<T, Cfg>(S_ij, p, row0 + warp_first_row<Cfg>(warp), j * B_c, lane);
       online_softmax<Cfg, true>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
-    }
+    }  // LAB:END
     uint32_t P_ij[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4];
     pack_p<T, Cfg>(P_ij, S_ij);
     pv_tile<T, Cfg>(O_i, P_ij, V_j, lane);  // line 10: O_i += P_ij V_j

@@ -69,7 +69,7 @@ template <class Cfg>
 struct Slot {
   int stage;
   uint32_t phase;
-  __device__ explicit Slot(int it) : stage(it % Cfg::kStages), phase(uint32_t(it / Cfg::kStages) & 1) {}
+  __device__ explicit Slot(int it) : stage(it % Cfg::kStages), phase(uint32_t(it / Cfg::kStages) & 1) {}  // LAB:BEGIN 06.slot LAB:END
 };
 
 // ---------------------------------------------------------------------------------------
@@ -88,11 +88,11 @@ __device__ void load_q(Smem& s, const Params<T>& p, const Tile& t) {
 // One B_c x d block (K_j or V_j) into `tile`, completing on `full`.
 template <class Cfg>
 __device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, uint64_t* full) {
-  mbarrier_arrive_expect_tx(full, Cfg::kKVBytes);
+  mbarrier_arrive_expect_tx(full, Cfg::kKVBytes);  // LAB:BEGIN 06.load_kv
   char* chunk0 = static_cast<char*>(tile);
   constexpr int kChunkBytes = Cfg::B_c * Cfg::kSwizzleRowBytes;  // one 128-byte column chunk of the block
   for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_3d(chunk0 + c * kChunkBytes, map, c * Cfg::kChunkCols, j * Cfg::B_c, kv_head, full);
+    tma_load_3d(chunk0 + c * kChunkBytes, map, c * Cfg::kChunkCols, j * Cfg::B_c, kv_head, full);  // LAB:END
 }
 
 // The CTA's seq-th tile, unit `unit` (fa3_common.cuh: tile_in_sequence).
@@ -283,7 +283,7 @@ template <class Cfg>
 struct TurnTaking {
   static constexpr int kThreads = 2 * Cfg::kWgThreads;  // the waiting and the handing-over warpgroup
   int wg;
-  __device__ void start() const {  // warpgroup 0 goes first: the last one hands it the turn
+  __device__ void start() const {  // warpgroup 0 goes first: the last one hands it the turn; LAB:BEGIN 06.turns
     if (wg == Cfg::kConsumers - 1) named_barrier_arrive(Cfg::kTurnBarrier + 0, kThreads);
   }
   __device__ void wait_turn() const { named_barrier_sync(Cfg::kTurnBarrier + wg, kThreads); }
@@ -292,7 +292,7 @@ struct TurnTaking {
   }
   __device__ void finish() const {  // take the last hand-over, so every arrival is matched
     if (wg == 0) named_barrier_sync(Cfg::kTurnBarrier + 0, kThreads);
-  }
+  }  // LAB:END
 };
 
 // ---------------------------------------------------------------------------------------

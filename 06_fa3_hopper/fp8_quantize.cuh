@@ -106,7 +106,7 @@ __device__ void load_row(float (&x)[D / 32], const __nv_bfloat16* row, bool vali
   if (!hadamard) return;
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] *= hadamard_sign(lane * E + e);
-#pragma unroll
+#pragma unroll  // LAB:BEGIN fp8.hadamard
   for (int h = 1; h < E; h *= 2)  // butterflies inside the lane: column distance h
 #pragma unroll
     for (int e = 0; e < E; ++e)
@@ -122,7 +122,7 @@ __device__ void load_row(float (&x)[D / 32], const __nv_bfloat16* row, bool vali
     const float sign = (lane & lanes) ? -1.f : 1.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) x[e] = fmaf(x[e], sign, __shfl_xor_sync(0xffffffffu, x[e], lanes));
-  }
+  }  // LAB:END
   const float norm = rsqrtf(float(D));  // H_d / sqrt(d) is orthogonal
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] *= norm;
@@ -167,12 +167,12 @@ __device__ inline float block_inv_scale(QuantPass pass, float block_amax, const 
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(a.tensor_amax), __float_as_int(block_amax));  // >= 0
     return 0.f;
   }
-  const float amax = pass == QuantPass::tensor_amax ? *a.tensor_amax : block_amax;
+  const float amax = pass == QuantPass::tensor_amax ? *a.tensor_amax : block_amax;  // LAB:BEGIN fp8.block_scale
   // An all-zero block keeps scale 1; no scale is subnormal (the attention kernel divides two
   // of them with __fdividef at d = 64: fp8_fa3.cuh, Config::kFastScaleRatio).
   const float scale = amax > 0.f ? fmaxf(amax / kE4m3Max, FLT_MIN) : 1.f;
   if (threadIdx.x == 0) a.scale[block] = scale;
-  return 1.f / scale;
+  return 1.f / scale;  // LAB:END
 }
 
 // V̂ᵀ from a quantized V block in shared memory ([R keys][d], row-major): thread t takes

@@ -13,7 +13,9 @@ execute_process(COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/lab.
 if(NOT lab_config_rc EQUAL 0)
   message(FATAL_ERROR "ATTN_LAB=${ATTN_LAB}: ${lab_config_error}")
 endif()
-include(${lab_binary_dir}/lab_config.cmake)  # LAB_ID, LAB_STAGE, LAB_RUNGS, LAB_CHECKS
+include(${lab_binary_dir}/lab_config.cmake)  # LAB_ID, LAB_STAGE, LAB_RUNGS, LAB_CHECKS, LAB_PROBE
+# and LAB_<list> for each list of kernels the exercise replaces (its "build" entry), which
+# the rungs' CMakeLists.txt read: 05_fa2_reordered, 06_fa3_hopper.
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              ${PROJECT_SOURCE_DIR}/lab/exercises.json ${PROJECT_SOURCE_DIR}/scripts/lab.py)
 

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -28,6 +29,9 @@
 #include "common/tolerance.h"
 #ifdef ATTN_HAS_RUNG_01
 #include "01_naive/score_pipeline.h"
+#endif
+#ifdef ATTN_LAB_PROBE
+#include "lab/probes.h"  // the exercise's probe (lab/grader.cmake)
 #endif
 
 namespace attn::lab {
@@ -87,12 +91,16 @@ AttnProblem problem(int B, int H, int Hkv, int Nq, int Nk, int d, bool causal, D
   return p;
 }
 
-// The problem of the timing and byte checks: B, H, N (= Nq = Nk), d from the check's fields.
-AttnProblem large_problem(const CheckSpec& c) {
+// The problem of the timing and byte checks: B, H, N (= Nq = Nk), d from the check's fields,
+// in element type t (the graded rung's first).
+AttnProblem large_problem(const CheckSpec& c, DType t) {
   return problem(int(number(c, "B", 1)), int(number(c, "H", 8)), int(number(c, "H", 8)), int(number(c, "N", 4096)),
-                 int(number(c, "N", 4096)), int(number(c, "d", 64)), param(c, "causal", "false") == "true",
-                 DType::bf16);
+                 int(number(c, "N", 4096)), int(number(c, "d", 64)), param(c, "causal", "false") == "true", t);
 }
+
+// Set when a probe's kernel did not finish: nothing else may touch the GPU, and the process
+// must exit without waiting for it (main).
+bool g_gpu_stuck = false;
 
 // What the graded rung offers among the shapes the checks use: d = 64, 128; bf16, fp16.
 std::vector<int> head_dims(const Stage& s) {
@@ -130,7 +138,17 @@ class Grader {
     if (kind == "bytes") return bytes(c);
     if (kind == "speed") return speed(c);
     if (kind == "bandwidth") return bandwidth(c);
-    throw AttnError("lab/exercises.json names an unknown check kind '" + kind + "'");
+    if (kind == "causal_speedup") return causal_speedup(c);
+    if (kind == "range") return range(c);
+    if (kind == "outliers") return outliers(c);
+#ifdef ATTN_LAB_PROBE
+    const ProbeResult r = run_probe(kind);
+    if (r.known) {
+      g_gpu_stuck |= r.hung;
+      return {r.passed, r.detail};
+    }
+#endif
+    throw AttnError("lab/exercises.json names an unknown check kind '" + kind + "' (or one of a probe this lab lacks)");
   }
 
  private:
@@ -163,9 +181,50 @@ class Grader {
     return ps;
   }
 
+  // Inputs far from unit scale, N(0, stddev^2): what a fixed quantization scale gets wrong.
+  Outcome range(const CheckSpec& c) {
+    std::vector<AttnProblem> ps;
+    for (DType t : dtypes(s_))
+      for (int d : head_dims(s_))
+        for (int N : {113, 1000})
+          for (bool causal : {false, true}) ps.push_back(problem(1, 2, 2, N, N, d, causal, t));
+    const float stddev = float(number(c, "stddev", 1e-3));
+    Outcome o = outputs(ps, stddev);
+    o.detail = "inputs N(0, " + fmt(stddev) + "^2): " + o.detail;
+    return o;
+  }
+
+  // ||O - O_fp64|| / ||O_fp64|| of stage s over `rows`.
+  double error_vs_fp64(const Stage& s, const ProblemInputs& in, const std::vector<RowIndex>& rows,
+                       const ReferenceRows& ref) {
+    RungOutput out = run_rung(s, in, stream_);
+    const int64_t bad = count_nonfinite(out.o.get(), in.p.o_elems(), storage_dtype(in.p.dtype), stream_);
+    if (bad) return INFINITY;
+    return rel_frobenius(gather_o_rows(out, in.p, rows), ref.o);
+  }
+
+  // FA3's Table 3 inputs (a few outlier features): the graded stage's error against that of
+  // `versus` (the same pipeline without the step the exercise adds), same inputs, same rows.
+  Outcome outliers(const CheckSpec& c) {
+    const Stage& versus = find_stage(param(c, "versus", s_.prev));
+    const double max_ratio = number(c, "max_ratio", 0.75);
+    const int N = int(number(c, "N", 4096)), d = int(number(c, "d", 128)), H = int(number(c, "H", 16));
+    const AttnProblem p = problem(1, H, H, N, N, d, false, dtypes(s_).front());
+    ProblemInputs in(p, 6000, Fill::outliers, 0.f, 1.f, stream_, true);
+    const std::vector<RowIndex> rows = checked_rows(p);
+    const ReferenceRows ref = reference_rows(p, in.host, rows);
+    const double mine = error_vs_fp64(s_, in, rows, ref), base = error_vs_fp64(versus, in, rows, ref);
+    const double ratio = mine / base;
+    const bool ok = mine <= tolerance(p.dtype) && ratio <= max_ratio;
+    return {ok, p.describe() + ", outlier inputs: error vs fp64 " + fmt(mine) + " (" + s_.name + "), " + fmt(base) +
+                    " (" + versus.name + "), ratio " + fmt(ratio, "%.2f") + (ratio <= max_ratio ? " <= " : " > ") +
+                    fmt(max_ratio) + (mine <= tolerance(p.dtype) ? "" : "; above the bound " + fmt(tolerance(p.dtype)))};
+  }
+
   // "" when O of p is written, finite and within the dtype's bound of fp64; else what is wrong.
-  std::string compare_output(const AttnProblem& p, uint64_t seed, double* worst) {
-    ProblemInputs in(p, seed, Fill::normal, 0.f, 1.f, stream_, true);
+  // Inputs N(0, stddev^2).
+  std::string compare_output(const AttnProblem& p, uint64_t seed, double* worst, float stddev = 1.f) {
+    ProblemInputs in(p, seed, Fill::normal, 0.f, stddev, stream_, true);
     RungOutput out = run_rung(s_, in, stream_);
     const int64_t bad = count_nonfinite(out.o.get(), p.o_elems(), storage_dtype(p.dtype), stream_);
     if (bad) return p.describe() + ": " + std::to_string(bad) + " of " + std::to_string(p.o_elems()) +
@@ -181,12 +240,12 @@ class Grader {
     return "";
   }
 
-  Outcome outputs(const std::vector<AttnProblem>& ps) {
+  Outcome outputs(const std::vector<AttnProblem>& ps, float stddev = 1.f) {
     std::vector<std::string> failures;
     double worst = 0;
     uint64_t seed = 1000;
     for (const AttnProblem& p : ps) {
-      std::string why = compare_output(p, seed++, &worst);
+      std::string why = compare_output(p, seed++, &worst, stddev);
       if (!why.empty()) failures.push_back(why);
     }
     if (failures.empty())
@@ -315,7 +374,7 @@ class Grader {
   Outcome bytes(const CheckSpec& c) {
     HbmCounter counter;
     if (!counter.available()) throw Skip{"measured bytes unavailable: " + counter.reason()};
-    const AttnProblem p = large_problem(c);
+    const AttnProblem p = large_problem(c, dtypes(s_).front());
     ProblemInputs in(p, 3000, Fill::normal, 0.f, 1.f, stream_, false);
     RungOutput out = run_rung(s_, in, stream_);
     const AttnTensors t = out.tensors(in);
@@ -355,7 +414,7 @@ class Grader {
     const Stage& below = find_stage(param(c, "below", s_.prev));
     const bool softmax_only = param(c, "part", "all") == "softmax";
     const double max_ratio = number(c, "max_ratio", 1.0);
-    const AttnProblem p = large_problem(c);
+    const AttnProblem p = large_problem(c, dtypes(s_).front());
     ProblemInputs in(p, 4000, Fill::normal, 0.f, 1.f, stream_, false);
     RungOutput mine = run_rung(s_, in, stream_), ref = run_rung(below, in, stream_);
     const AttnTensors t_mine = mine.tensors(in), t_ref = ref.tensors(in);
@@ -372,11 +431,34 @@ class Grader {
                                     (ratio <= max_ratio ? " <= " : " > ") + fmt(max_ratio)};
   }
 
+  // The graded stage with the causal mask against itself without: skipping the blocks above
+  // the diagonal does about half the work, so the time ratio must stay under max_ratio.
+  Outcome causal_speedup(const CheckSpec& c) {
+    const double max_ratio = number(c, "max_ratio", 0.75);
+    AttnProblem full = large_problem(c, dtypes(s_).front());
+    full.causal = false;
+    AttnProblem causal = full;
+    causal.causal = true;
+    ProblemInputs in_full(full, 4100, Fill::normal, 0.f, 1.f, stream_, false);
+    ProblemInputs in_causal(causal, 4100, Fill::normal, 0.f, 1.f, stream_, false);
+    RungOutput out_full = run_rung(s_, in_full, stream_), out_causal = run_rung(s_, in_causal, stream_);
+    const AttnTensors t_full = out_full.tensors(in_full), t_causal = out_causal.tensors(in_causal);
+    const auto run_full = launcher(s_, full, t_full, false), run_causal = launcher(s_, causal, t_causal, false);
+    L2Flusher flusher;
+    double ms_full = median_ms(run_full, flusher), ms_causal = median_ms(run_causal, flusher);
+    ms_full = std::min(ms_full, median_ms(run_full, flusher));
+    ms_causal = std::min(ms_causal, median_ms(run_causal, flusher));
+    const double ratio = ms_causal / ms_full;
+    return {ratio <= max_ratio, full.describe() + ": causal " + fmt(ms_causal, "%.3f") + " ms, no mask " +
+                                    fmt(ms_full, "%.3f") + " ms, ratio " + fmt(ratio, "%.2f") +
+                                    (ratio <= max_ratio ? " <= " : " > ") + fmt(max_ratio)};
+  }
+
   Outcome bandwidth(const CheckSpec& c) {
     if (!s_.launch_softmax_only || !s_.softmax_model_bytes) throw AttnError(s_.name + " has no softmax-only launch");
     const double min_fraction = number(c, "min_fraction", 0.5);
     const Ceilings ceilings = measure_ceilings(stream_);
-    const AttnProblem p = large_problem(c);
+    const AttnProblem p = large_problem(c, dtypes(s_).front());
     ProblemInputs in(p, 5000, Fill::normal, 0.f, 1.f, stream_, false);
     RungOutput out = run_rung(s_, in, stream_);
     L2Flusher flusher;
@@ -492,6 +574,9 @@ int main(int argc, char** argv) {
     if (!skip_all.empty()) {
       r.status = Status::skipped;
       r.detail = skip_all;
+    } else if (g_gpu_stuck) {
+      r.status = Status::failed;
+      r.detail = "not run: a kernel of an earlier check never finished";
     } else {
       try {
         if (!grader) grader = std::make_unique<Grader>(find_stage(kLabStage));
@@ -508,7 +593,7 @@ int main(int argc, char** argv) {
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const char* tag = r.status == Status::passed ? "PASS" : r.status == Status::failed ? "FAIL" : "SKIP";
-    std::printf("  %s  %-10s %s (%.1f s)\n", tag, r.name.c_str(), r.detail.c_str(), r.seconds);
+    std::printf("  %s  %-14s %s (%.1f s)\n", tag, r.name.c_str(), r.detail.c_str(), r.seconds);
     if (r.status == Status::failed) std::printf("        hint: %s\n", r.hint.c_str());
     std::fflush(stdout);
     results.push_back(r);
@@ -524,6 +609,10 @@ int main(int argc, char** argv) {
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     write_json(f, gpu, overall, results, passed, failed, skipped);
+  }
+  if (g_gpu_stuck) {  // a kernel still runs: leave without the destructors, which would wait for it
+    std::fflush(stdout);
+    std::_Exit(1);
   }
   return failed ? 1 : passed ? 0 : 77;
 }

@@ -1,0 +1,107 @@
+// A lab build of rung 06 compiles only the kernels its exercise needs (LAB_fa3_kernels,
+// 06_fa3_hopper/CMakeLists.txt), but stages.cu registers every step of the rung and takes
+// the address of each launch. This file defines the launches of the kernels left out: each
+// throws, so that a stage not built in this lab refuses to run instead of failing to link.
+// lab/grader.cmake adds it to a lab build, with LAB_BUILT_<kernel> for each kernel compiled.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+#include <utility>
+
+#include "06_fa3_hopper/fa3_fp8.h"
+#include "06_fa3_hopper/fa3_launch.h"
+#include "common/stage.h"
+
+namespace attn::fa3 {
+namespace {
+
+[[noreturn]] void absent(const char* kernel) {
+  throw AttnError(std::string("06_fa3_hopper/") + kernel +
+                  " is not compiled in this lab build (cmake -DATTN_LAB=...); build the whole ladder to run it");
+}
+
+// Takes the address of an instance, which makes the compiler emit it.
+template <class Fn>
+void keep(Fn fn) {
+  static volatile Fn sink;
+  sink = fn;
+}
+
+}  // namespace
+
+#ifndef LAB_BUILT_06a_tma_wgmma
+namespace step06a {
+template <int D, typename T>
+void launch(const AttnProblem&, const AttnTensors&, cudaStream_t) { absent("06a_tma_wgmma"); }
+}  // namespace step06a
+template <int... Ds>
+void keep_06a(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06a::launch<Ds, __nv_bfloat16>), keep(&step06a::launch<Ds, __half>)), ...);
+}
+template void keep_06a(HeadDims);
+#endif
+
+#ifndef LAB_BUILT_06b_warp_specialized
+namespace step06b {
+template <int D, typename T>
+void launch(const AttnProblem&, const AttnTensors&, cudaStream_t) { absent("06b_warp_specialized"); }
+}  // namespace step06b
+template <int... Ds>
+void keep_06b(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06b::launch<Ds, __nv_bfloat16>), keep(&step06b::launch<Ds, __half>)), ...);
+}
+template void keep_06b(HeadDims);
+#endif
+
+#ifndef LAB_BUILT_06c_pingpong
+namespace step06c {
+template <int D, typename T>
+void launch(const AttnProblem&, const AttnTensors&, cudaStream_t) { absent("06c_pingpong"); }
+}  // namespace step06c
+template <int... Ds>
+void keep_06c(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06c::launch<Ds, __nv_bfloat16>), keep(&step06c::launch<Ds, __half>)), ...);
+}
+template void keep_06c(HeadDims);
+#endif
+
+// 06d_fa3 and 06d_cta_pairs instantiate one template (step06d::launch): a lab builds both
+// or neither.
+#if !defined(LAB_BUILT_06d_fa3) && !defined(LAB_BUILT_06d_cta_pairs)
+namespace step06d {
+template <int D, typename T, bool kCtaPairs>
+void launch(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t, float) { absent("06d_fa3"); }
+}  // namespace step06d
+template <int... Ds>
+void keep_06d(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06d::launch<Ds, __nv_bfloat16, false>), keep(&step06d::launch<Ds, __half, false>),
+    keep(&step06d::launch<Ds, __nv_bfloat16, true>), keep(&step06d::launch<Ds, __half, true>)),
+   ...);
+}
+template void keep_06d(HeadDims);
+#elif !defined(LAB_BUILT_06d_fa3) || !defined(LAB_BUILT_06d_cta_pairs)
+#error "a lab builds 06d_fa3 and 06d_cta_pairs together or neither (lab/exercises.json: fa3_kernels)"
+#endif
+
+#ifndef LAB_BUILT_fp8_fa3
+template <int D>
+void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {
+  absent("fp8_fa3");
+}
+template <int D>
+void launch_fp8_quantize(const AttnProblem&, const AttnTensors&, const Fp8Options&, cudaStream_t) {
+  absent("fp8_fa3");
+}
+template <int D>
+void launch_fp8_attention(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t) {
+  absent("fp8_fa3");
+}
+template <int... Ds>
+void keep_fp8(std::integer_sequence<int, Ds...>) {
+  ((keep(&launch_fp8<Ds>), keep(&launch_fp8_quantize<Ds>), keep(&launch_fp8_attention<Ds>)), ...);
+}
+template void keep_fp8(Fp8HeadDims);
+#endif
+
+}  // namespace attn::fa3
