@@ -1,7 +1,7 @@
 // Registers rung 06's steps: 06a_tma_wgmma.cuh, 06b_warp_specialized.cuh, 06c_pingpong.cuh,
-// 06d_fa3.cuh (and its ablations) and the FP8 path (fp8_fa3.cuh), each kernel instantiated
-// once per (head dim, dtype) by the generated instance files (CMakeLists.txt), for the head
-// dims of the generated fa3_head_dims.h.
+// 06d_fa3.cuh (and its ablations) and the FP8 path (fp8_fa3.cuh; on e4m3 inputs,
+// fp8_e4m3_inputs.cuh), each kernel instantiated once per (head dim, dtype) by the generated
+// instance files (CMakeLists.txt), for the head dims of the generated fa3_head_dims.h.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -14,6 +14,7 @@
 
 #include "06_fa3_hopper/fa3.h"
 #include "06_fa3_hopper/fa3_fp8.h"
+#include "06_fa3_hopper/fa3_fp8_e4m3.h"
 #include "06_fa3_hopper/fa3_launch.h"
 #include "common/hbm_model.h"
 
@@ -141,6 +142,25 @@ Stage fp8_stage(std::string name, std::string prev, std::string summary, fa3::Fp
   return s;
 }
 
+// The FP8 attention kernel on the caller's e4m3 Q, K, V and descales (fa3_fp8_e4m3.h): the
+// refusals of fp8_stage, no quantization; the pre-kernel only transposes V.
+Stage fp8_e4m3_stage() {
+  Stage s = fp8_stage("06_fp8_e4m3", "06_fp8_no_hadamard",
+                      "FP8 on the caller's e4m3 Q, K, V and block descales (FA3's interface)",
+                      fa3::Fp8Options{});  // no pre-kernel options: launch and cost model replaced below
+  s.dtypes = {DType::e4m3};
+  s.workspace_bytes = [](const AttnProblem& p) { return fa3::Fp8E4m3Workspace(p).total; };
+  s.launch = [](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+    fa3::fp8_e4m3_launch_for(p.d)(p, t, Schedule::persistent, stream);
+  };
+  s.model_hbm_bytes = [](const AttnProblem& p) {
+    return hbm::fa2_bytes(p, fa3::fp8_block_rows(p.d), fa3::fp8_block_cols(p.d)) + double(p.o_elems()) +
+           fa3::fp8_e4m3_transpose_bytes(p);
+  };
+  s.descale_blocks = [](const AttnProblem& p) { return DescaleBlocks{fa3::kFp8QBlockRows, fa3::fp8_block_cols(p.d)}; };
+  return s;
+}
+
 // The FP8 instance of head dim d among kFp8HeadDims (its launch, pre-kernel or attention
 // kernel: make(Dim<d>{})); any other d throws, naming the built ones.
 template <class Fn, class Make, int... Ds>
@@ -169,6 +189,11 @@ Fp8QuantizeFn fp8_quantize_for(int d) {
 Fp8AttentionFn fp8_attention_for(int d) {
   return fp8_instance<Fp8AttentionFn>(d, Fp8HeadDims{},
                                       [](auto dim) { return &launch_fp8_attention<decltype(dim)::value>; });
+}
+
+Fp8E4m3LaunchFn fp8_e4m3_launch_for(int d) {
+  return fp8_instance<Fp8E4m3LaunchFn>(d, Fp8HeadDims{},
+                                       [](auto dim) { return &launch_fp8_e4m3<decltype(dim)::value>; });
 }
 
 }  // namespace fa3
@@ -214,6 +239,8 @@ std::vector<Stage> fa3_stages() {
                 {/*block_scales=*/false, /*hadamard=*/true}),
       fp8_stage("06_fp8_per_tensor", "06_fp8", "FP8 baseline: one scale per tensor, no Hadamard",
                 {/*block_scales=*/false, /*hadamard=*/false}),
+      // The caller quantized: e4m3 inputs with their block descales, as FA3's interface takes.
+      fp8_e4m3_stage(),
   };
 }
 

@@ -29,7 +29,8 @@ const char* kUsage = R"(usage: attn_bench [options]
   --d 64,128          head dims                                  [default 128; sweep: 64,128,256]
   --B N --H N --Hkv N batch, heads, kv heads (without --paper-sweep) [default 1, 16, H]
   --causal 0|1|both   masking                                    [default both]
-  --dtype bf16,fp16   element types                              [default bf16]
+  --dtype bf16,fp16   element types: bf16, fp16, fp8 (bf16 in, quantized inside), e4m3 (e4m3
+                      in, one descale per tensor)                [default bf16]
   --repeats N         timed runs per row (median reported)       [default 20]
   --warm-seconds S    warm-up per row before timing, seconds      [default 0.3; the clock settles]
   --timing MODE       flushed: each run alone after an L2 flush; isolated: alone, no flush;

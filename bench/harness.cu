@@ -1,6 +1,7 @@
 #include "bench/harness.h"
 
 #include <cublas_v2.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cctype>
@@ -16,12 +17,57 @@ namespace attn {
 
 // ---------------------------------------------------------------- inputs and one run
 
+namespace {
+
+// Bytes per element of Q, K, V in memory.
+size_t input_bytes(DType t) { return t == DType::e4m3 ? 1 : dtype_bytes(storage_dtype(t)); }
+
+// n seeded values (through bf16, as the other dtypes' inputs) divided by c, a power of two
+// with amax / c <= 448, and rounded to e4m3 into dst; `rows` descales c; *host (if given)
+// the e4m3 values times c, exactly the tensor the rung is given.
+void fill_e4m3(const DeviceBuffer& dst, DeviceBuffer& descale, int64_t n, int64_t rows, uint64_t seed, Fill dist,
+               float mean, float stddev, cudaStream_t stream, std::vector<float>* host) {
+  DeviceBuffer staged(n * sizeof(uint16_t));
+  fill_random(staged.get(), n, DType::bf16, seed, dist, mean, stddev, stream);
+  std::vector<uint16_t> raw(n);
+  CUDA_CHECK(cudaMemcpyAsync(raw.data(), staged.get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  float amax = 0.f;
+  for (uint16_t r : raw) amax = std::max(amax, std::fabs(bf16_to_float(r)));
+  const float c = amax > 0.f ? std::exp2(std::ceil(std::log2(amax / 448.f))) : 1.f;
+  std::vector<uint8_t> bytes(n);
+  if (host) host->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    bytes[i] = __nv_cvt_float_to_fp8(bf16_to_float(raw[i]) / c, __NV_SATFINITE, __NV_E4M3);
+    if (host) {
+      __nv_fp8_e4m3 e;
+      e.__x = bytes[i];
+      (*host)[i] = float(e) * c;
+    }
+  }
+  CUDA_CHECK(cudaMemcpy(dst.get(), bytes.data(), n, cudaMemcpyHostToDevice));
+  descale = DeviceBuffer(rows * sizeof(float));
+  const std::vector<float> scales(rows, c);
+  CUDA_CHECK(cudaMemcpy(descale.get(), scales.data(), rows * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
 ProblemInputs::ProblemInputs(const AttnProblem& prob, uint64_t seed, Fill dist, float mean, float stddev,
                              cudaStream_t stream, bool keep_host)
     : p(prob),
-      q(p.q_elems() * dtype_bytes(storage_dtype(p.dtype))),
-      k(p.kv_elems() * dtype_bytes(storage_dtype(p.dtype))),
-      v(p.kv_elems() * dtype_bytes(storage_dtype(p.dtype))) {
+      q(p.q_elems() * input_bytes(p.dtype)),
+      k(p.kv_elems() * input_bytes(p.dtype)),
+      v(p.kv_elems() * input_bytes(p.dtype)) {
+  if (p.dtype == DType::e4m3) {
+    fill_e4m3(q, q_descale, p.q_elems(), p.q_elems() / p.d, seed, dist, mean, stddev, stream,
+              keep_host ? &host.q : nullptr);
+    fill_e4m3(k, k_descale, p.kv_elems(), p.kv_elems() / p.d, seed + 1, dist, mean, stddev, stream,
+              keep_host ? &host.k : nullptr);
+    fill_e4m3(v, v_descale, p.kv_elems(), p.kv_elems() / p.d, seed + 2, dist, mean, stddev, stream,
+              keep_host ? &host.v : nullptr);
+    return;
+  }
   DType t = storage_dtype(p.dtype);
   fill_random(q.get(), p.q_elems(), t, seed, dist, mean, stddev, stream);
   fill_random(k.get(), p.kv_elems(), t, seed + 1, dist, mean, stddev, stream);
@@ -49,6 +95,9 @@ AttnTensors RungOutput::tensors(const ProblemInputs& in) const {
   t.lse = lse.as<float>();
   t.workspace = workspace.get();
   t.workspace_bytes = workspace.bytes();
+  t.q_descale = in.q_descale.as<float>();
+  t.k_descale = in.k_descale.as<float>();
+  t.v_descale = in.v_descale.as<float>();
   return t;
 }
 

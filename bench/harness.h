@@ -22,12 +22,16 @@
 namespace attn {
 
 // Q, K, V on the device, filled from a seed, and their exact float copies on the host
-// (for the fp64 reference) when asked for.
+// (for the fp64 reference) when asked for. e4m3 problems: the seeded values over a power of
+// two c per tensor (the largest then at most 448), rounded to e4m3, with c as every descale,
+// one per row (any rung's blocks of rows read inside them); the host copies hold the
+// dequantized values.
 struct ProblemInputs {
   ProblemInputs(const AttnProblem& p, uint64_t seed, Fill dist, float mean, float stddev, cudaStream_t stream,
                 bool keep_host);
   AttnProblem p;
   DeviceBuffer q, k, v;
+  DeviceBuffer q_descale, k_descale, v_descale;  // e4m3 only
   HostInputs host;  // empty unless keep_host
 };
 

@@ -19,14 +19,17 @@
 
 namespace attn {
 
-enum class DType { bf16, fp16, fp8_e4m3 };
+// fp8_e4m3 ("fp8"): bf16 Q, K, V that the FP8 path quantizes to e4m3 itself (its first
+// kernel). e4m3: Q, K, V already in e4m3 (one byte each), with their descales
+// (AttnTensors); O in bf16.
+enum class DType { bf16, fp16, fp8_e4m3, e4m3 };
 
 const char* dtype_name(DType t);
-// The element type of Q, K, V and O in memory. The FP8 path takes bf16 tensors and
-// quantizes them to e4m3 itself (its first kernel), so fp8 problems store bf16.
-inline DType storage_dtype(DType t) { return t == DType::fp8_e4m3 ? DType::bf16 : t; }
-DType parse_dtype(const std::string& s);  // "bf16" | "fp16" | "fp8"; throws on anything else
-size_t dtype_bytes(DType t);
+// The element type of O in memory, and of Q, K and V but for e4m3 (their e4m3 bytes). fp8
+// problems store bf16.
+inline DType storage_dtype(DType t) { return t == DType::fp8_e4m3 || t == DType::e4m3 ? DType::bf16 : t; }
+DType parse_dtype(const std::string& s);  // "bf16" | "fp16" | "fp8" | "e4m3"; throws on anything else
+size_t dtype_bytes(DType t);  // per element of Q, K, V as the attention kernel reads them: 1 for fp8 and e4m3
 
 struct AttnProblem {
   int B = 1;       // batch
@@ -63,6 +66,11 @@ struct AttnTensors {
   float* lse = nullptr;     // [B, H, Nq] natural-log logsumexp; optional (may be null)
   void* workspace = nullptr;     // device scratch of Stage::workspace_bytes(problem)
   size_t workspace_bytes = 0;
+  // e4m3 inputs only (DType::e4m3; required there): fp32 dequantization scales, one per block
+  // of rows (Stage::descale_blocks): Q = q_descale * Q8 on each block of Q, and so for K, V.
+  const float* q_descale = nullptr;  // [B, H,   ceil(Nq / q_rows)]
+  const float* k_descale = nullptr;  // [B, Hkv, ceil(Nk / kv_rows)]
+  const float* v_descale = nullptr;  // [B, Hkv, ceil(Nk / kv_rows)]
 };
 
 }  // namespace attn

@@ -49,6 +49,9 @@ void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t
   if (!t.k) fail("K is a null pointer");
   if (!t.v) fail("V is a null pointer");
   if (!t.o) fail("O is a null pointer");
+  if (p.dtype == DType::e4m3 && (!t.q_descale || !t.k_descale || !t.v_descale))
+    fail(std::string("e4m3 inputs need their descales: ") + (!t.q_descale ? "q" : !t.k_descale ? "k" : "v") +
+         "_descale is a null pointer (AttnTensors; attn_run_fp8_async in the C API)");
   size_t need = s.workspace(p);
   if (need > 0 && (!t.workspace || t.workspace_bytes < need))
     fail("needs a workspace of " + std::to_string(need) + " bytes, got " + std::to_string(t.workspace_bytes));

@@ -20,6 +20,12 @@ struct AttnError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Rows that share one descale (AttnTensors::q_descale, ...) in a rung taking e4m3 inputs.
+struct DescaleBlocks {
+  int q_rows = 0;   // rows of Q per q_descale
+  int kv_rows = 0;  // rows (keys) of K and of V per k_descale and v_descale
+};
+
 struct Stage {
   std::string name;     // "02_safe_softmax": directory number + idea; also the CSV rung name
   std::string prev;     // the rung this one is chain-checked against ("" for the first)
@@ -45,6 +51,8 @@ struct Stage {
   // times it alone against the copy-bandwidth ceiling.
   std::function<void(const AttnProblem&, const AttnTensors&, cudaStream_t)> launch_softmax_only;
   std::function<double(const AttnProblem&)> softmax_model_bytes;
+  // Rungs taking e4m3 inputs (DType::e4m3): the block layout of their descales.
+  std::function<DescaleBlocks(const AttnProblem&)> descale_blocks;
 
   size_t workspace(const AttnProblem& p) const { return workspace_bytes ? workspace_bytes(p) : 0; }
   bool supports(DType t) const;
@@ -54,7 +62,7 @@ struct Stage {
 // Checks that need no GPU: sizes >= 1, Hkv divides H, dtype and head dim supported,
 // the rung's own refuse(). Throws AttnError.
 void validate_problem(const Stage& s, const AttnProblem& p);
-// Non-null q/k/v/o, workspace large enough. Throws AttnError.
+// Non-null q/k/v/o (and the descales of e4m3 inputs), workspace large enough. Throws AttnError.
 void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t);
 // The current device's compute capability >= min_sm. Throws AttnError.
 void validate_device(const Stage& s);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "06_fa3_hopper/fa3_fp8.h"
+#include "06_fa3_hopper/fa3_fp8_e4m3.h"
 #include "06_fa3_hopper/fa3_launch.h"
 #include "common/stage.h"
 
@@ -97,9 +98,15 @@ template <int D>
 void launch_fp8_attention(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t) {
   absent("fp8_fa3");
 }
+template <int D>
+void launch_fp8_e4m3(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t) {
+  absent("fp8_fa3");
+}
 template <int... Ds>
 void keep_fp8(std::integer_sequence<int, Ds...>) {
-  ((keep(&launch_fp8<Ds>), keep(&launch_fp8_quantize<Ds>), keep(&launch_fp8_attention<Ds>)), ...);
+  ((keep(&launch_fp8<Ds>), keep(&launch_fp8_quantize<Ds>), keep(&launch_fp8_attention<Ds>),
+    keep(&launch_fp8_e4m3<Ds>)),
+   ...);
 }
 template void keep_fp8(Fp8HeadDims);
 #endif

@@ -17,7 +17,8 @@ int fail(int code, const std::string& msg, char* err, size_t err_len) {
 }
 
 attn::AttnProblem to_problem(const attn_problem_t& c) {
-  if (c.dtype < 0 || c.dtype > 2) throw attn::AttnError("dtype code " + std::to_string(c.dtype) + " is not 0 (bf16), 1 (fp16) or 2 (fp8)");
+  if (c.dtype < 0 || c.dtype > 3)
+    throw attn::AttnError("dtype code " + std::to_string(c.dtype) + " is not 0 (bf16), 1 (fp16), 2 (fp8) or 3 (e4m3)");
   attn::AttnProblem p;
   p.B = c.B;
   p.H = c.H;
@@ -153,5 +154,43 @@ extern "C" int attn_run(const char* rung, const attn_problem_t* cp, const void* 
       }
     } free_after{ws, stream};
     attn::run_stage(*s, p, tensors(*s, q, k, v, o, lse, ws, ws_bytes), stream);
+  }, err, err_len);
+}
+
+extern "C" int attn_descale_blocks(const char* rung, const attn_problem_t* cp, int* q_rows, int* kv_rows, char* err,
+                                   size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    if (!q_rows || !kv_rows) throw attn::AttnError("q_rows or kv_rows is a null pointer");
+    if (!s->descale_blocks) throw attn::AttnError(s->name + " takes no descales (its inputs are not e4m3)");
+    const attn::AttnProblem p = to_problem(*cp);
+    attn::validate_problem(*s, p);
+    const attn::DescaleBlocks blocks = s->descale_blocks(p);
+    *q_rows = blocks.q_rows;
+    *kv_rows = blocks.kv_rows;
+  }, err, err_len);
+}
+
+extern "C" int attn_run_fp8_async(const char* rung, const attn_problem_t* cp, const void* q, const void* k,
+                                  const void* v, const float* q_descale, const float* k_descale,
+                                  const float* v_descale, void* o, float* lse, void* workspace,
+                                  size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    const attn::AttnProblem p = to_problem(*cp);
+    if (p.dtype != attn::DType::e4m3)
+      throw attn::AttnError(std::string("attn_run_fp8_async takes e4m3 inputs (dtype 3), got dtype ") +
+                            attn::dtype_name(p.dtype) + "; use attn_run_async");
+    attn::AttnTensors t = tensors(*s, q, k, v, o, lse, workspace, workspace_bytes);
+    t.q_descale = q_descale;
+    t.k_descale = k_descale;
+    t.v_descale = v_descale;
+    attn::run_stage(*s, p, t, static_cast<cudaStream_t>(stream));
   }, err, err_len);
 }

@@ -8,7 +8,9 @@
      allocator (PyTorch's caching allocator, say).
    - attn_run: the convenience entry. It allocates the workspace on `stream` with
      cudaMallocAsync and frees it there with cudaFreeAsync after the launch, with no
-     synchronization either. */
+     synchronization either.
+   A rung on e4m3 inputs (dtype 3, "06_fp8_e4m3") takes their descales besides: run it with
+   attn_run_fp8_async, which is attn_run_async with three more pointers. */
 #ifndef ATTN_LADDER_C_API_H
 #define ATTN_LADDER_C_API_H
 
@@ -21,7 +23,7 @@ extern "C" {
 typedef struct {
   int B, H, Hkv, Nq, Nk, d;
   int causal;  /* 0 or 1; bottom-right aligned when Nq != Nk */
-  int dtype;   /* 0 bf16, 1 fp16, 2 fp8 */
+  int dtype;   /* 0 bf16, 1 fp16, 2 fp8 (bf16 tensors quantized inside), 3 e4m3 (e4m3 tensors + descales) */
   float scale; /* 0 = 1/sqrt(d) */
 } attn_problem_t;
 
@@ -62,6 +64,20 @@ int attn_run_async(const char* rung, const attn_problem_t* p, const void* q, con
 /* As attn_run_async, with the workspace allocated and freed in stream order on `stream`. */
 int attn_run(const char* rung, const attn_problem_t* p, const void* q, const void* k, const void* v, void* o,
              float* lse, void* stream, char* err, size_t err_len);
+
+/* For a rung on e4m3 inputs (dtype 3): how many rows of Q share one q_descale, and how many
+   keys of K and V one k_descale and v_descale, for problem p. Refuses (ATTN_INVALID_INPUT) a
+   rung that takes no descales. */
+int attn_descale_blocks(const char* rung, const attn_problem_t* p, int* q_rows, int* kv_rows, char* err,
+                        size_t err_len);
+
+/* As attn_run_async, on e4m3 q, k, v (p->dtype = 3, bytes as PyTorch's float8_e4m3fn) with
+   their fp32 dequantization scales, one per block (attn_descale_blocks): q_descale
+   [B, H, ceil(Nq / q_rows)], k_descale and v_descale [B, Hkv, ceil(Nk / kv_rows)], positive
+   normal floats. o is bf16. Never allocates or synchronizes. */
+int attn_run_fp8_async(const char* rung, const attn_problem_t* p, const void* q, const void* k, const void* v,
+                       const float* q_descale, const float* k_descale, const float* v_descale, void* o, float* lse,
+                       void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@ TEST(CApi, RungInfoMatchesTheRegistry) {
     attn_rung_info_t info;
     char err[256] = {0};
     ASSERT_EQ(attn_rung_info(s.name.c_str(), &info, err, sizeof err), ATTN_OK) << err;
-    for (int code = 0; code < 3; ++code)
+    for (int code = 0; code < 4; ++code)
       EXPECT_EQ((info.dtypes >> code) & 1, int(s.supports(DType(code)))) << s.name << " dtype " << code;
     ASSERT_EQ(info.num_head_dims, int(s.head_dims.size())) << s.name;
     for (int i = 0; i < info.num_head_dims; ++i) EXPECT_EQ(info.head_dims[i], s.head_dims[i]) << s.name;

@@ -11,7 +11,7 @@ attention() is the operator attn_ladder::attention (torch.compile and CUDA graph
 run() calls the library directly. Both enqueue on the current stream and never synchronize.
 """
 
-from ._capi import AttnLadderError, library_path, rung_info, rungs, run
+from ._capi import AttnLadderError, descale_blocks, library_path, rung_info, rungs, run
 from .ops import attention
 
-__all__ = ["AttnLadderError", "attention", "library_path", "rung_info", "rungs", "run"]
+__all__ = ["AttnLadderError", "attention", "descale_blocks", "library_path", "rung_info", "rungs", "run"]

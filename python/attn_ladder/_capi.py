@@ -1,8 +1,9 @@
 """ctypes binding of the C API of libattn_ladder.so (ladder/c_api.h) and run().
 
 run() validates torch tensors, takes the workspace from torch.empty on the current stream
-(PyTorch's caching allocator) and enqueues the rung with attn_run_async: no allocation
-outside PyTorch, no synchronization.
+(PyTorch's caching allocator) and enqueues the rung with attn_run_async (attn_run_fp8_async
+for float8_e4m3fn inputs and their descales): no allocation outside PyTorch, no
+synchronization.
 
 The library is found in this package's folder (a `pip install .`), else through
 $ATTN_LADDER_LIB, else at <repo>/build/libattn_ladder.so (the CMake build).
@@ -23,9 +24,12 @@ _PACKAGE_LIB = pathlib.Path(__file__).resolve().parent / "libattn_ladder.so"
 _REPO_LIB = pathlib.Path(__file__).resolve().parents[2] / "build" / "libattn_ladder.so"
 
 # attn_problem_t.dtype codes (ladder/c_api.h). The FP8 rungs take bf16 tensors and quantize
-# them to e4m3 themselves: run(..., fp8=True) passes bf16 tensors with code _FP8.
+# them to e4m3 themselves: run(..., fp8=True) passes bf16 tensors with code _FP8. The rung on
+# e4m3 inputs ("06_fp8_e4m3") takes float8_e4m3fn tensors and their descales: code _E4M3.
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 _FP8 = 2
+_E4M3 = 3
+_FLOAT8_E4M3 = getattr(torch, "float8_e4m3fn", None)  # torch >= 2.1
 
 # attn_run return codes (ladder/c_api.h).
 _OK, _INVALID_INPUT, _CUDA_ERROR, _UNKNOWN_RUNG = 0, 1, 2, 3
@@ -126,6 +130,21 @@ def _load():
     lib.attn_run_async.restype = ctypes.c_int
     lib.attn_rung_info.argtypes = [ctypes.c_char_p, ctypes.POINTER(_RungInfo), ctypes.c_char_p, ctypes.c_size_t]
     lib.attn_rung_info.restype = ctypes.c_int
+    lib.attn_descale_blocks.argtypes = [
+        ctypes.c_char_p,  # rung
+        ctypes.POINTER(_Problem),
+        ctypes.POINTER(ctypes.c_int),  # q_rows
+        ctypes.POINTER(ctypes.c_int),  # kv_rows
+        ctypes.c_char_p,  # err
+        ctypes.c_size_t,  # err_len
+    ]
+    lib.attn_descale_blocks.restype = ctypes.c_int
+    lib.attn_run_fp8_async.argtypes = lib.attn_run.argtypes[:5] + [
+        ctypes.c_void_p,  # q_descale
+        ctypes.c_void_p,  # k_descale
+        ctypes.c_void_p,  # v_descale
+    ] + lib.attn_run_async.argtypes[5:]
+    lib.attn_run_fp8_async.restype = ctypes.c_int
     _lib = lib
     return lib
 
@@ -145,7 +164,7 @@ def rung_info(rung):
         lib = _load()
         info, err = _RungInfo(), ctypes.create_string_buffer(_ERR_LEN)
         _raise_unless_ok(lib.attn_rung_info(rung.encode(), ctypes.byref(info), err, _ERR_LEN), rung, err)
-        names = ["bf16", "fp16", "fp8"]
+        names = ["bf16", "fp16", "fp8", "e4m3"]
         _info_cache[rung] = {
             "dtypes": [n for c, n in enumerate(names) if info.dtypes >> c & 1],
             "head_dims": list(info.head_dims[: info.num_head_dims]),
@@ -164,8 +183,8 @@ def _check_inputs(q, k, v):
             raise ValueError(f"{name} must be 4-D [B, H, N, d], got shape {tuple(t.shape)}")
         if not t.is_cuda:
             raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-        if t.dtype not in _DTYPE_CODES:
-            raise ValueError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+        if t.dtype not in _DTYPE_CODES and t.dtype != _FLOAT8_E4M3:
+            raise ValueError(f"{name} must be bfloat16, float16 or float8_e4m3fn, got {t.dtype}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous [B, H, N, d] (call .contiguous())")
         if any(s > _INT32_MAX for s in t.shape):
@@ -186,7 +205,39 @@ def _check_inputs(q, k, v):
         raise ValueError(f"k/v heads (Hkv={Hkv}) must divide q heads (H={H})")
 
 
-def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False):
+def descale_blocks(rung, q, k):
+    """(q_rows, kv_rows): how many rows of q [B, H, Nq, d], and keys of k and v [B, Hkv, Nk, d],
+    share one descale in `rung` (one taking float8_e4m3fn inputs, as "06_fp8_e4m3"). Its
+    descales are then fp32 [B, H, ceil(Nq / q_rows)] (q) and [B, Hkv, ceil(Nk / kv_rows)] (k, v)."""
+    lib = _load()
+    B, H, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    problem = _Problem(B, H, Hkv, Nq, Nk, d, 0, _E4M3, 0.0)
+    q_rows, kv_rows, err = ctypes.c_int(0), ctypes.c_int(0), ctypes.create_string_buffer(_ERR_LEN)
+    _raise_unless_ok(lib.attn_descale_blocks(rung.encode(), ctypes.byref(problem), ctypes.byref(q_rows),
+                                             ctypes.byref(kv_rows), err, _ERR_LEN), rung, err)
+    return q_rows.value, kv_rows.value
+
+
+def _check_descale(rung, q, k, descale):
+    if not (isinstance(descale, (tuple, list)) and len(descale) == 3):
+        raise ValueError("float8_e4m3fn q, k, v take descale=(q_descale, k_descale, v_descale), fp32 tensors of "
+                         f"one scale per block of rows (attn_ladder.descale_blocks('{rung}', q, k))")
+    q_rows, kv_rows = descale_blocks(rung, q, k)
+    (B, H, Nq, _), (Hkv, Nk) = q.shape, k.shape[1:3]
+    q_shape, kv_shape = (B, H, -(-Nq // q_rows)), (B, Hkv, -(-Nk // kv_rows))
+    for name, t, shape in zip(("q_descale", "k_descale", "v_descale"), descale, (q_shape, kv_shape, kv_shape)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            raise ValueError(f"{name} must be a float32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (one scale per block of rows for '{rung}'; "
+                             f"repeat a per-tensor or per-head scale), got {tuple(t.shape)}")
+        if t.device != q.device or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous on {q.device}, got {t.device}"
+                             f"{'' if t.is_contiguous() else ', not contiguous'}")
+
+
+def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False, descale=None):
     """O = softmax(scale * Q K^T + mask) V by the named rung; returns O (and lse if asked).
 
     q: [B, H, Nq, d]; k, v: [B, Hkv, Nk, d]; bf16 or fp16, contiguous, one CUDA device.
@@ -194,6 +245,10 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False):
     logsumexp per query row, fp32 [B, H, Nq] (left NaN by a rung that does not write it).
     fp8: run an FP8 rung ("06_fp8", "06_fp8_no_hadamard", ...): q, k, v must be bfloat16;
     the rung quantizes them to e4m3 (with its workspace) and returns O in bfloat16.
+    descale: with float8_e4m3fn q, k, v (the rung "06_fp8_e4m3", FlashAttention-3's FP8
+    interface): (q_descale, k_descale, v_descale), fp32, one positive scale per block of rows
+    (descale_blocks(rung, q, k)), so that Q = q_descale * q on each block; used as
+    given (no Hadamard inside); O in bfloat16.
     Runs on torch.cuda.current_stream(). Raises ValueError for bad tensors and
     AttnLadderError (a RuntimeError) with the library's message when the rung refuses
     the problem or CUDA fails.
@@ -201,17 +256,22 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False):
     if not isinstance(rung, str):
         raise ValueError(f"rung must be a name (str), got {type(rung).__name__}")
     _check_inputs(q, k, v)
+    e4m3 = q.dtype == _FLOAT8_E4M3
     if fp8 and q.dtype != torch.bfloat16:
         raise ValueError(f"fp8=True takes bfloat16 q, k, v (quantized to e4m3 by the rung), got {q.dtype}")
+    if e4m3:
+        _check_descale(rung, q, k, descale)
+    elif descale is not None:
+        raise ValueError(f"descale goes with float8_e4m3fn q, k, v, got {q.dtype}")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale must be positive (None means 1/sqrt(d)), got {scale}")
     lib = _load()
 
     B, H, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), _FP8 if fp8 else _DTYPE_CODES[q.dtype],
-                       float(scale or 0.0))
-    o = torch.empty_like(q)
+    code = _E4M3 if e4m3 else _FP8 if fp8 else _DTYPE_CODES[q.dtype]
+    problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), code, float(scale or 0.0))
+    o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device) if e4m3 else torch.empty_like(q)
     lse = None
     if return_lse:  # a rung that writes no lse leaves NaN
         lse_shape = (B, H, Nq)
@@ -227,12 +287,7 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False):
     workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
     with torch.cuda.device(q.device):  # the library runs on the current CUDA device
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        rc = lib.attn_run_async(
-            rung_c,
-            ctypes.byref(problem),
-            q.data_ptr(),
-            k.data_ptr(),
-            v.data_ptr(),
+        tail = (
             o.data_ptr(),
             lse.data_ptr() if lse is not None else None,
             workspace.data_ptr() if workspace is not None else None,
@@ -241,6 +296,11 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False):
             err,
             _ERR_LEN,
         )
+        if e4m3:
+            rc = lib.attn_run_fp8_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                        *(t.data_ptr() for t in descale), *tail)
+        else:
+            rc = lib.attn_run_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(), *tail)
     _raise_unless_ok(rc, rung, err)
     return (o, lse) if return_lse else o
 

@@ -40,19 +40,50 @@ def _remember_rung(ctx, inputs, output):
 _attention.register_autograd(_no_backward, setup_context=_remember_rung)
 
 
-def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=False, fp8=False):
+# The same on e4m3 inputs with their descales (the rung "06_fp8_e4m3"): an operator of its
+# own, so that neither schema has optional tensors.
+@torch.library.custom_op(_NAME + "_e4m3", mutates_args=(), device_types="cuda")
+def _attention_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor,
+                    k_descale: torch.Tensor, v_descale: torch.Tensor, rung: str, causal: bool,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _capi.run(rung, q, k, v, causal=causal, scale=scale, return_lse=True,
+                     descale=(q_descale, k_descale, v_descale))
+
+
+@_attention_e4m3.register_fake
+def _(q, k, v, q_descale, k_descale, v_descale, rung, causal, scale):
+    B, H, Nq, _ = q.shape
+    return q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((B, H, Nq), dtype=torch.float32)
+
+
+def _remember_e4m3_rung(ctx, inputs, output):
+    ctx.rung = inputs[6]
+
+
+_attention_e4m3.register_autograd(_no_backward, setup_context=_remember_e4m3_rung)
+
+
+def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=False, fp8=False, descale=None):
     """softmax(scale · Q Kᵀ + mask) V by the named rung, as the operator attn_ladder::attention.
 
     q: [B, H, Nq, d]; k, v: [B, Hkv, Nk, d]; bfloat16 or float16, contiguous, one CUDA device.
     scale: default 1/sqrt(d). causal: bottom-right aligned when Nq != Nk. return_lse: also
     return the natural-log logsumexp per query row, fp32 [B, H, Nq] (NaN from a rung that does
     not write it). fp8: an FP8 rung ("06_fp8", ...) on bfloat16 inputs, quantized to e4m3
-    inside. Raises RuntimeError when autograd would need a gradient: the rungs are forward only.
+    inside. descale: with float8_e4m3fn q, k, v and rung="06_fp8_e4m3" (the operator
+    attn_ladder::attention_e4m3), their fp32 descales (q_descale, k_descale, v_descale), one per
+    block of rows (attn_ladder.descale_blocks); O in bfloat16. Raises RuntimeError when
+    autograd would need a gradient: the rungs are forward only.
     """
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         raise RuntimeError(f"attn_ladder.attention: rung '{rung}' has no backward pass, and q, k or v requires "
                            "grad; run it under torch.no_grad() or pass detached tensors")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    o, lse = _attention(q, k, v, rung, bool(causal), float(scale), bool(fp8))
+    if descale is not None:
+        if not (isinstance(descale, (tuple, list)) and len(descale) == 3):
+            raise ValueError("descale must be (q_descale, k_descale, v_descale)")
+        o, lse = _attention_e4m3(q, k, v, *descale, rung, bool(causal), float(scale))
+    else:
+        o, lse = _attention(q, k, v, rung, bool(causal), float(scale), bool(fp8))
     return (o, lse) if return_lse else o

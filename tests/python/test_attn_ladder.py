@@ -89,6 +89,9 @@ def lse_error(lse, ref):
 
 
 def check_rung(rung, failures):
+    if attn_ladder.rung_info(rung)["dtypes"] == ["e4m3"]:
+        print("  skipped: takes e4m3 inputs with their descales (tests/python/test_op.py runs it)")
+        return
     ran = 0
     # The FP8 rungs take bf16 tensors and quantize them themselves (run(..., fp8=True)).
     modes = {"fp8": torch.bfloat16} if "fp8" in rung else DTYPES
