@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "05_fa2_reordered/fa2_ablation_tiles.h"
+#include "05_fa2_reordered/fa2_decode.h"
 #include "common/hbm_model.h"
 
 // FA2_*_HEAD_DIMS: the head dims each stage has kernels for, generated in the build tree
@@ -107,6 +108,51 @@ Stage ablation(const Stage& base, const char* name, const char* summary) {
   return s;
 }
 
+// Flash-decoding (fa2_decode.cuh): split keys, packed GQA rows, a combine kernel.
+using DecodeDims = HeadDims<FA2_DECODE_HEAD_DIMS>;
+
+void launch_decode_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  dispatch(p, DecodeDims{}, [&](auto element, auto d) {
+    fa2::launch_fa2_decode<decltype(element), decltype(d)::value>(p, t, stream);
+  });
+}
+
+std::string refuse_decode(const AttnProblem& p) {
+  if (p.Nq > fa2::kDecodeMaxNq)
+    return "Nq = " + std::to_string(p.Nq) + " query rows: a decode stage takes at most " +
+           std::to_string(fa2::kDecodeMaxNq) + " per head; use 05_fa2_reordered";
+  if (int64_t(p.B) * p.Hkv > INT_MAX)
+    return "B * Hkv = " + std::to_string(int64_t(p.B) * p.Hkv) + " exceeds the grid limit " + std::to_string(INT_MAX);
+  return "";
+}
+
+// A problem the decode stage runs (workspace_bytes may be asked about any other: 0 then).
+bool decode_shape_ok(const AttnProblem& p) {
+  return p.B >= 1 && p.Hkv >= 1 && p.H >= p.Hkv && p.H % p.Hkv == 0 && p.Nq >= 1 && p.Nq <= fa2::kDecodeMaxNq &&
+         p.Nk >= 1 && p.d >= 1;
+}
+
+Stage decode_stage(const Stage& fa2) {
+  Stage s = fa2;
+  s.name = "05_fa2_decode";
+  s.prev = fa2.name;
+  s.summary = "05 for decoding (Nq <= 64): keys split over CTAs, GQA heads packed, a combine kernel";
+  s.head_dims = DecodeDims::list();
+  s.compute_bound = false;  // reading K and V is the cost: % of copy bandwidth
+  s.refuse = refuse_decode;
+  s.launch = launch_decode_stage;
+  s.workspace_bytes = [](const AttnProblem& p) -> size_t {
+    if (!decode_shape_ok(p)) return 0;
+    return fa2::decode_workspace_bytes(p, fa2::decode_split(p, fa2::decode_sm_count()));
+  };
+  s.model_hbm_bytes = [](const AttnProblem& p) {
+    if (!decode_shape_ok(p)) return 0.0;
+    const fa2::DecodeSplit split = fa2::decode_split(p, fa2::decode_sm_count());
+    return hbm::decode_bytes(p, split.splits, split.row_blocks);
+  };
+  return s;
+}
+
 }  // namespace
 
 std::vector<Stage> fa2_stages() {
@@ -147,7 +193,7 @@ std::vector<Stage> fa2_stages() {
   eager.prev = "05_fa2_reordered";
   eager.summary = "05 rescaling O_i after every K/V block (no lazy rescaling), as FA2";
   eager.launch = launch_fa2_stage</*kEagerRescale=*/true>;
-  return {fa2, no_delay, one_cta, split_kv, prefetch, eager, padded};
+  return {fa2, no_delay, one_cta, split_kv, prefetch, eager, padded, decode_stage(fa2)};
 }
 
 }  // namespace attn

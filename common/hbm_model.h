@@ -49,4 +49,10 @@ double fa1_bytes(const AttnProblem& p, int Br, int Bc);
 // K_j, V_j (blocks of Bc), write O_i and the logsumexp once.
 double fa2_bytes(const AttnProblem& p, int Br, int Bc);
 
+// 05_fa2_decode (flash-decoding): each (batch, KV head) streams its K and V once per block
+// of packed rows (the group = H / Hkv query heads that share it, Nq rows each; row_blocks = 1
+// unless group * Nq > B_r); Q read and O written once; each row's `splits` partial O rows and
+// logsumexps (fp32) written by the split kernel and read back by the combine; lse written.
+double decode_bytes(const AttnProblem& p, int splits, int row_blocks);
+
 }  // namespace attn::hbm

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "05_fa2_reordered/fa2_ablation_tiles.h"
+#include "05_fa2_reordered/fa2_decode.h"
 #include "05_fa2_reordered/fa2_tiles.h"
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "06_fa3_hopper/swizzle.h"
@@ -210,6 +211,75 @@ TEST(HbmModel, Fa1GrowsAsNSquaredD2OverM) {
   double inner = 16 * (2.0 * 8 + 2 * 4 * 8 + 16);
   double expect = inner + 2 * 2 * 16 * 8 + 16 * (4 * 8 + 8) + 16 * (4 * 8 + 8 + 4 + 2 * 8);
   EXPECT_EQ(hbm::fa1_bytes(q, 16, 16), expect);
+}
+
+TEST(HbmModel, DecodeReadsKvOncePerKvHead) {
+  // B = 2, H = 8 query heads over Hkv = 2, Nq = 1, Nk = 1000, d = 64, bf16, 4 splits.
+  AttnProblem p = tiny(1, 1000, 64, false, 8, 2);
+  p.B = 2;
+  const double rows = 2 * 8 * 1;
+  const double kv = 2.0 * 2 * (2 * 2 * 1000 * 64);  // K and V, 2 bytes, once per (batch, KV head)
+  const double expect = 2.0 * 2 * rows * 64 /* Q, O */ + kv + 2.0 * 4 * rows * 4 * 65 /* partials */ + 4 * rows;
+  EXPECT_EQ(hbm::decode_bytes(p, 4, 1), expect);
+  // Against FA2's model, which counts K and V per query head: 4x less at group 4.
+  const double fa2_kv = hbm::fa2_bytes(p, 128, 64) - (2.0 * 2 * rows * 64 + 4 * rows);
+  EXPECT_EQ(fa2_kv, 4 * kv);
+  // Two row blocks stream K and V twice.
+  EXPECT_EQ(hbm::decode_bytes(p, 4, 2) - hbm::decode_bytes(p, 4, 1), kv);
+}
+
+TEST(Fa2Decode, SplitsFillTheGpuWithEnoughKeysEach) {
+  using namespace attn::fa2;
+  AttnProblem p = tiny(1, 65536, 128, false, 32, 8);
+  DecodeSplit s = decode_split(p, 132);
+  EXPECT_EQ(s.rows, 4);
+  EXPECT_EQ(s.row_blocks, 1);
+  // B * Hkv = 8 CTAs without a split: about 2 waves of 2 CTAs on 132 SMs (a split's keys round
+  // up to whole K/V blocks, which may drop a few splits).
+  EXPECT_GE(int64_t(8) * s.splits, 3 * kDecodeWaves * kDecodeCtasPerSm * 132 / 4);
+  EXPECT_LE(int64_t(8) * s.splits, kDecodeWaves * kDecodeCtasPerSm * 132 + 8);
+  EXPECT_EQ(s.keys_per_split % kDecodeBc, 0);
+  EXPECT_GE(s.keys_per_split, kDecodeMinSplitKeys);
+  EXPECT_LT(int64_t(s.splits - 1) * s.keys_per_split, p.Nk);  // every split has keys
+  EXPECT_GE(int64_t(s.splits) * s.keys_per_split, p.Nk);      // and together all of them
+  // Short K: at least kDecodeMinSplitKeys keys per split; Nk < that: one split.
+  p.Nk = 4096;
+  EXPECT_EQ(decode_split(p, 132).splits, 4096 / kDecodeMinSplitKeys);
+  for (int nk : {1, 17, 255}) {
+    p.Nk = nk;
+    EXPECT_EQ(decode_split(p, 132).splits, 1) << nk;
+  }
+  // A batch that fills the GPU by itself: no split.
+  p.B = 256;
+  p.Nk = 100003;
+  EXPECT_EQ(decode_split(p, 132).splits, 1);
+  // Nq = 64 and 8 heads per KV head: 512 packed rows, 8 row blocks.
+  AttnProblem q = tiny(64, 4097, 64, true, 8, 1);
+  DecodeSplit t = decode_split(q, 132);
+  EXPECT_EQ(t.rows, 512);
+  EXPECT_EQ(t.row_blocks, 8);
+  EXPECT_EQ(decode_workspace_bytes(q, t), size_t(8) * 64 * t.splits * 65 * 4);
+  for (int nk : {1, 17, 4097, 100003}) {  // the tests' Nk: splits cover the keys exactly
+    q.Nk = nk;
+    t = decode_split(q, 132);
+    EXPECT_LT(int64_t(t.splits - 1) * t.keys_per_split, nk);
+    EXPECT_GE(int64_t(t.splits) * t.keys_per_split, nk);
+  }
+}
+
+TEST(Fa2Decode, RefusesMoreQueryRowsThanItTakes) {
+  const Stage& s = find_stage("05_fa2_decode");
+  AttnProblem p = tiny(fa2::kDecodeMaxNq, 4096, 128, true, 32, 8);
+  EXPECT_NO_THROW(validate_problem(s, p));
+  EXPECT_GT(s.workspace(p), 0u);
+  p.Nq = fa2::kDecodeMaxNq + 1;
+  try {
+    validate_problem(s, p);
+    ADD_FAILURE() << "accepted " << p.describe();
+  } catch (const AttnError& e) {
+    EXPECT_NE(std::string(e.what()).find("use 05_fa2_reordered"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.workspace(p), 0u);  // asked about a refused problem: no workspace, no overflow
 }
 
 // ---------------------------------------------------------------- validation and registry

@@ -1,0 +1,252 @@
+// Flash-decoding (Dao, Haziza, Massa, Sizov 2023) on FA2's pieces (fa2_kernel.cuh): for few
+// query rows, FA2's grid of (Q block, head, batch) has too few CTAs to fill the GPU, so the
+// keys are split too. Two kernels:
+//
+//  1. split: one CTA per (batch b, KV head, block of packed rows, key range s). The rows are
+//     the group = H / Hkv query heads that share the KV head, each with its Nq rows: contiguous
+//     in Q and O ([B, H, Nq, d]), so Q_packed is one [group * Nq, d] matrix and K_j, V_j are
+//     read once for all of them. The CTA runs FA2's loop (Algorithm 1, lines 6-10) over its
+//     keys only and writes, per row, a partial O^(s) = O_i / l_i (fp32) and its logsumexp
+//     L^(s) = m_i + log l_i to the workspace.
+//  2. combine: one warp per row merges the splits with rung 03's rescaling:
+//        L = log sum_s e^(L^(s)),   O = sum_s e^(L^(s) - L) O^(s)
+//     (each O^(s) is its split's softmax-weighted mean; e^(L^(s) - L) is the share of the
+//     row's softmax mass its keys hold).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "05_fa2_reordered/fa2_decode.h"
+#include "05_fa2_reordered/fa2_kernel.cuh"
+#include "common/device_math.cuh"
+
+namespace attn::fa2 {
+
+// B_r = 64 packed rows over 4 warps (16 each, the least an mma tile takes), B_c = 64 keys,
+// a 2-stage K/V ring: 80 KiB of shared memory at d = 128, two CTAs per SM.
+template <int kD>
+using DecodeTile = Tile<kD, kDecodeBr, kDecodeBc, 4, 2>;
+
+template <typename T>
+struct DecodeParams {
+  const T* q;       // [B, H, Nq, d] = [B * Hkv, R, d] packed
+  const T* k;       // [B, Hkv, Nk, d]
+  const T* v;       // [B, Hkv, Nk, d]
+  T* o;             // [B, H, Nq, d]
+  float* lse;       // [B, H, Nq] or null
+  float* o_part;    // [B * H * Nq rows][splits][d]: each split's O^(s)
+  float* lse_part;  // [B * H * Nq rows][splits]: each split's L^(s)
+  int Nq, Nk;
+  int R;               // packed rows per KV head: group * Nq
+  int splits, keys_per_split;
+  int first_masked;    // the first key block that needs a mask (ragged end of K or causal diagonal)
+  bool causal;
+  float scale, scale_log2, rescale_log2;
+};
+
+// S = -inf where a key is past what packed row r (query row r % Nq) sees: key >= Nk, or,
+// causal, key > r % Nq + Nk - Nq (bottom-right aligned).
+template <typename T, class Cfg>
+__device__ __forceinline__ void mask_decode_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
+                                                 const DecodeParams<T>& p, int warp_row0, int key0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp_row0 + mt * 16 + lane / 4 + 8 * half;
+      const int last_key = p.causal ? min(p.Nk - 1, r % p.Nq + (p.Nk - p.Nq)) : p.Nk - 1;
+#pragma unroll
+      for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (key0 + nt * 8 + 2 * (lane % 4) + e > last_key) S_ij[mt][nt][2 * half + e] = -INFINITY;
+    }
+}
+
+// Kernel 1: FA2's loop over the key blocks of split blockIdx.z, for row block blockIdx.y of
+// (batch, KV head) blockIdx.x.
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const DecodeParams<T> p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kAlign = Cfg::Layout::kAlign;
+  const SmemTiles<T> sm = smem_tiles<T, Cfg>(smem_raw + (kAlign - ptx::smem_u32(smem_raw) % kAlign) % kAlign);
+  constexpr int D = Cfg::kD, B_r = Cfg::kBr, B_c = Cfg::kBc, kStages = Cfg::kStages;
+  constexpr int kTileKV = B_c * Cfg::kStride;
+  static_assert(kStages >= 2, "the decode loop runs the ring schedule");
+  const int bkv = blockIdx.x, row0 = blockIdx.y * B_r, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const T* Q = p.q + int64_t(bkv) * p.R * D;  // the group's packed rows
+  const T* K = p.k + int64_t(bkv) * p.Nk * D;
+  const T* V = p.v + int64_t(bkv) * p.Nk * D;
+  const int key_begin = split * p.keys_per_split;
+  const int key_end = min(p.Nk, key_begin + p.keys_per_split);
+  const int j0 = key_begin / B_c;                     // keys_per_split is a multiple of B_c
+  const int T_c = (key_end - key_begin + B_c - 1) / B_c;  // >= 1: every split has a key
+  const int warp_row0 = row0 + warp_first_row<Cfg>(warp);
+  // At Nq = 1 the group's rows fill 1 of the 4 warps' 16-row tiles; the others skip the math.
+  const bool has_rows = warp_row0 < p.R;
+
+  float O_i[Frag<Cfg>::kM][Frag<Cfg>::kO][4];
+  float m_i[Frag<Cfg>::kM][2], l_i[Frag<Cfg>::kM][2];
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) O_i[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      m_i[mt][half] = -INFINITY;
+      l_i[mt][half] = 0.f;
+    }
+  }
+
+  // Rows past R and keys past Nk are zero-filled (load_tile); the mask drops those keys.
+  auto load_kv = [&](T* dst, const T* src, int j) { load_tile<Cfg, B_c>(dst, src, (j0 + j) * B_c, p.Nk); };
+  load_tile<Cfg, B_r>(sm.sQ, Q, row0, p.R);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < T_c) {
+      load_kv(sm.sK + s * kTileKV, K, s);
+      load_kv(sm.sV + s * kTileKV, V, s);
+    }
+    ptx::cp_async_commit();
+  }
+  for (int j = 0; j < T_c; ++j) {
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // block j landed for every thread's copies; block j - 1's buffers are free
+    const int next = j + kStages - 1;
+    if (next < T_c) {
+      load_kv(sm.sK + (next % kStages) * kTileKV, K, next);
+      load_kv(sm.sV + (next % kStages) * kTileKV, V, next);
+    }
+    ptx::cp_async_commit();
+    const T* K_j = sm.sK + (j % kStages) * kTileKV;
+    const T* V_j = sm.sV + (j % kStages) * kTileKV;
+
+    if (!has_rows) continue;  // it copies K and V for the others, computes nothing
+
+    float S_ij[Frag<Cfg>::kM][Frag<Cfg>::kS][4];
+    qk_tile<T, Cfg>(S_ij, sm.sQ, K_j, warp_first_row<Cfg>(warp), lane);
+    if (j0 + j < p.first_masked) {
+      online_softmax<Cfg, false>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
+    } else {
+      mask_decode_tile<T, Cfg>(S_ij, p, warp_row0, (j0 + j) * B_c, lane);
+      online_softmax<Cfg, true>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
+    }
+    uint32_t P_ij[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4];
+    pack_p<T, Cfg>(P_ij, S_ij);
+    pv_tile<T, Cfg>(O_i, P_ij, V_j, lane);
+  }
+  ptx::cp_async_wait<0>();  // no copy outlives the CTA (the last groups are empty)
+
+  // This split's O^(s) = O_i / l_i and L^(s) = m_i + log l_i (natural log, -inf for a row that
+  // saw none of these keys, whose O^(s) = 0). Packed row r of KV head bkv is row bkv * R + r
+  // of [B, H, Nq].
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float l = l_i[mt][half];
+      l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums of the row
+      l += __shfl_xor_sync(kFullWarp, l, 2);
+      const int r = warp_row0 + mt * 16 + lane / 4 + 8 * half;
+      if (r >= p.R) continue;
+      const int64_t slot = (int64_t(bkv) * p.R + r) * p.splits + split;
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      float* out = p.o_part + slot * D + 2 * (lane % 4);
+#pragma unroll
+      for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+        *reinterpret_cast<float2*>(out + dt * 8) =
+            make_float2(O_i[mt][dt][2 * half] * inv_l, O_i[mt][dt][2 * half + 1] * inv_l);
+      if (lane % 4 == 0) p.lse_part[slot] = l > 0.f ? m_i[mt][half] * p.scale + logf(l) : -INFINITY;
+    }
+}
+
+// Kernel 2: one warp per row of [B, H, Nq]; lane l owns columns [l * kD / 32, (l + 1) * kD / 32).
+constexpr int kCombineWarps = 4;
+template <typename T, int kD>
+__global__ void __launch_bounds__(32 * kCombineWarps)
+    fa2_decode_combine_kernel(const float* o_part, const float* lse_part, T* o, float* lse, int64_t rows, int splits) {
+  constexpr int kPer = kD / 32;
+  static_assert(kPer == 2 || kPer == 4, "d = 64 or 128: a float2 or float4 per lane");
+  const int64_t row = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;  // the whole warp
+  const float* L = lse_part + row * splits;
+  float m = -INFINITY;
+  for (int s = lane; s < splits; s += 32) m = fmaxf(m, L[s]);
+  m = group_max(m);
+  float sum = 0.f;
+  if (m != -INFINITY)
+    for (int s = lane; s < splits; s += 32) sum += expf(L[s] - m);  // e^(-inf) = 0
+  sum = group_sum(sum);
+  const float row_lse = m == -INFINITY ? -INFINITY : m + logf(sum);  // L = log sum_s e^(L^(s))
+  float acc[kPer] = {};
+  if (m != -INFINITY)
+    for (int s = 0; s < splits; ++s) {
+      const float w = expf(L[s] - row_lse);  // e^(L^(s) - L): this split's share of the softmax mass
+      const float* src = o_part + (row * splits + s) * kD + lane * kPer;
+      if constexpr (kPer == 4) {
+        const float4 x = *reinterpret_cast<const float4*>(src);
+        acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+      } else {
+        const float2 x = *reinterpret_cast<const float2*>(src);
+        acc[0] += w * x.x, acc[1] += w * x.y;
+      }
+    }
+  T* dst = o + row * kD + lane * kPer;
+  if constexpr (kPer == 4)
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
+  else
+    *reinterpret_cast<uint32_t*>(dst) = pack2<T>(acc[0], acc[1]);
+  if (lse && lane == 0) lse[row] = row_lse;
+}
+
+template <typename T, int kD>
+void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  using Cfg = DecodeTile<kD>;
+  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o), static_cast<const void*>(t.workspace)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      throw AttnError("05_fa2_decode: Q, K, V, O and the workspace must be 16-byte aligned (16-byte copies)");
+  const DecodeSplit split = decode_split(p, decode_sm_count());
+  const int64_t rows = int64_t(p.B) * p.H * p.Nq;
+  DecodeParams<T> prm;
+  prm.q = static_cast<const T*>(t.q);
+  prm.k = static_cast<const T*>(t.k);
+  prm.v = static_cast<const T*>(t.v);
+  prm.o = static_cast<T*>(t.o);
+  prm.lse = t.lse;
+  prm.o_part = static_cast<float*>(t.workspace);
+  prm.lse_part = prm.o_part + rows * split.splits * kD;
+  prm.Nq = p.Nq;
+  prm.Nk = p.Nk;
+  prm.R = split.rows;
+  prm.splits = split.splits;
+  prm.keys_per_split = split.keys_per_split;
+  // Blocks before this one are inside [0, Nk) and, causal, wholly visible to query row 0
+  // (the row that sees least: keys <= Nk - Nq).
+  prm.first_masked = p.Nk / Cfg::kBc;
+  if (p.causal) prm.first_masked = min(prm.first_masked, max(0, p.Nk - p.Nq + 1) / Cfg::kBc);
+  prm.causal = p.causal;
+  prm.scale = p.softmax_scale();
+  prm.scale_log2 = prm.scale * static_cast<float>(M_LOG2E);
+  prm.rescale_log2 = kRescaleLog2;
+
+  auto split_kernel = fa2_decode_split_kernel<T, Cfg>;
+  allow_smem<Cfg>(split_kernel);
+  const dim3 grid(unsigned(int64_t(p.B) * p.Hkv), unsigned(split.row_blocks), unsigned(split.splits));
+  split_kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
+  CUDA_CHECK_LAUNCH();
+  const int64_t combine_ctas = (rows + kCombineWarps - 1) / kCombineWarps;
+  fa2_decode_combine_kernel<T, kD><<<unsigned(combine_ctas), 32 * kCombineWarps, 0, stream>>>(
+      prm.o_part, prm.lse_part, prm.o, prm.lse, rows, split.splits);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn::fa2
