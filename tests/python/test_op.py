@@ -107,7 +107,11 @@ def test_every_rung_on_odd_shapes(rung):
                 qkv8, descale, (q, k, v) = e4m3_inputs(rung, q, k, v)
                 o = attn_ladder.attention(*qkv8, rung=rung, causal=causal, descale=descale)
             else:
-                o = attn_ladder.attention(q, k, v, rung=rung, causal=causal, fp8=fp8)
+                try:
+                    o = attn_ladder.attention(q, k, v, rung=rung, causal=causal, fp8=fp8)
+                except attn_ladder.AttnLadderError as e:  # a shape the rung refuses (05_fa2_decode: Nq > 64)
+                    assert e.code == 1 and "use " in str(e), str(e)
+                    continue
             ref = reference(q, k, v, causal)
             assert torch.isfinite(o).all(), (rung, d, Nq, Nk)
             if ref.norm() > 0:
