@@ -27,11 +27,6 @@
 
 namespace attn::fa2 {
 
-// B_r = 64 packed rows over 4 warps (16 each, the least an mma tile takes), B_c = 64 keys,
-// a 2-stage K/V ring: 80 KiB of shared memory at d = 128, two CTAs per SM.
-template <int kD>
-using DecodeTile = Tile<kD, kDecodeBr, kDecodeBc, 4, 2>;
-
 template <typename T>
 struct DecodeParams {
   const T* q;       // [B, H, Nq, d] = [B * Hkv, R, d] packed
@@ -88,7 +83,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   const int j0 = key_begin / B_c;                     // keys_per_split is a multiple of B_c
   const int T_c = (key_end - key_begin + B_c - 1) / B_c;  // >= 1: every split has a key
   const int warp_row0 = row0 + warp_first_row<Cfg>(warp);
-  // At Nq = 1 the group's rows fill 1 of the 4 warps' 16-row tiles; the others skip the math.
+  // A warp whose 16-row tile holds no packed row (warps 1-3 of the narrow tile, the last
+  // warps of the wide one at small R) copies K and V for the others and skips the math.
   const bool has_rows = warp_row0 < p.R;
 
   float O_i[Frag<Cfg>::kM][Frag<Cfg>::kO][4];
@@ -144,10 +140,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
     pv_tile<T, Cfg>(O_i, P_ij, V_j, lane);
   }
   ptx::cp_async_wait<0>();  // no copy outlives the CTA (the last groups are empty)
+  // The combine may be launched once every CTA is this far; it waits for the whole grid.
+  ptx::griddep_launch_dependents();
 
   // This split's O^(s) = O_i / l_i and L^(s) = m_i + log l_i (natural log, -inf for a row that
   // saw none of these keys, whose O^(s) = 0). Packed row r of KV head bkv is row bkv * R + r
-  // of [B, H, Nq].
+  // of [B, H, Nq]. With one split, O^(s) and L^(s) are the answer: straight to O and lse.
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
@@ -157,27 +155,41 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
       l += __shfl_xor_sync(kFullWarp, l, 2);
       const int r = warp_row0 + mt * 16 + lane / 4 + 8 * half;
       if (r >= p.R) continue;
-      const int64_t slot = (int64_t(bkv) * p.R + r) * p.splits + split;
+      const int64_t row = int64_t(bkv) * p.R + r;
       const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      const float L = l > 0.f ? m_i[mt][half] * p.scale + logf(l) : -INFINITY;
+      if (p.splits == 1) {
+        T* out = p.o + row * D + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+          *reinterpret_cast<uint32_t*>(out + dt * 8) = pack2<T>(O_i[mt][dt][2 * half] * inv_l, O_i[mt][dt][2 * half + 1] * inv_l);
+        if (p.lse && lane % 4 == 0) p.lse[row] = L;
+        continue;
+      }
+      const int64_t slot = row * p.splits + split;
       float* out = p.o_part + slot * D + 2 * (lane % 4);
 #pragma unroll
       for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
         *reinterpret_cast<float2*>(out + dt * 8) =
             make_float2(O_i[mt][dt][2 * half] * inv_l, O_i[mt][dt][2 * half + 1] * inv_l);
-      if (lane % 4 == 0) p.lse_part[slot] = l > 0.f ? m_i[mt][half] * p.scale + logf(l) : -INFINITY;
+      if (lane % 4 == 0) p.lse_part[slot] = L;
     }
 }
 
-// Kernel 2: one warp per row of [B, H, Nq]; lane l owns columns [l * kD / 32, (l + 1) * kD / 32).
+// Kernel 2: one CTA per row of [B, H, Nq]. Each of its warps computes the row's L, then sums
+// every kCombineWarps-th split's share, lane l owning columns [l * kD / 32, (l + 1) * kD / 32);
+// the warps' sums meet in shared memory. Spreading the splits over warps puts more of the
+// row's partials in flight at once: the combine waits on memory, not on arithmetic.
 constexpr int kCombineWarps = 4;
 template <typename T, int kD>
 __global__ void __launch_bounds__(32 * kCombineWarps)
-    fa2_decode_combine_kernel(const float* o_part, const float* lse_part, T* o, float* lse, int64_t rows, int splits) {
+    fa2_decode_combine_kernel(const float* o_part, const float* lse_part, T* o, float* lse, int splits) {
   constexpr int kPer = kD / 32;
   static_assert(kPer == 2 || kPer == 4, "d = 64 or 128: a float2 or float4 per lane");
-  const int64_t row = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;  // the whole warp
+  __shared__ __align__(16) float warp_acc[kCombineWarps][kD];
+  const int64_t row = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  ptx::griddep_wait();  // launched early (programmatic dependent launch): the partials first
   const float* L = lse_part + row * splits;
   float m = -INFINITY;
   for (int s = lane; s < splits; s += 32) m = fmaxf(m, L[s]);
@@ -189,7 +201,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   const float row_lse = m == -INFINITY ? -INFINITY : m + logf(sum);  // L = log sum_s e^(L^(s))
   float acc[kPer] = {};
   if (m != -INFINITY)
-    for (int s = 0; s < splits; ++s) {
+#pragma unroll 4  // independent loads: several splits' partials in flight at once
+    for (int s = warp; s < splits; s += kCombineWarps) {
       const float w = expf(L[s] - row_lse);  // e^(L^(s) - L): this split's share of the softmax mass
       const float* src = o_part + (row * splits + s) * kD + lane * kPer;
       if constexpr (kPer == 4) {
@@ -200,6 +213,14 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
         acc[0] += w * x.x, acc[1] += w * x.y;
       }
     }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) warp_acc[warp][lane * kPer + i] = acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 1; w < kCombineWarps; ++w)
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[i] += warp_acc[w][lane * kPer + i];
   T* dst = o + row * kD + lane * kPer;
   if constexpr (kPer == 4)
     *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
@@ -208,13 +229,9 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   if (lse && lane == 0) lse[row] = row_lse;
 }
 
-template <typename T, int kD>
-void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  using Cfg = DecodeTile<kD>;
-  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o), static_cast<const void*>(t.workspace)})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-      throw AttnError("05_fa2_decode: Q, K, V, O and the workspace must be 16-byte aligned (16-byte copies)");
-  const DecodeSplit split = decode_split(p, decode_sm_count());
+// The split kernel on tile Cfg, then the combine (none with one split).
+template <typename T, int kD, class Cfg>
+void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const DecodeSplit& split, cudaStream_t stream) {
   const int64_t rows = int64_t(p.B) * p.H * p.Nq;
   DecodeParams<T> prm;
   prm.q = static_cast<const T*>(t.q);
@@ -222,8 +239,8 @@ void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t 
   prm.v = static_cast<const T*>(t.v);
   prm.o = static_cast<T*>(t.o);
   prm.lse = t.lse;
-  prm.o_part = static_cast<float*>(t.workspace);
-  prm.lse_part = prm.o_part + rows * split.splits * kD;
+  prm.o_part = split.splits > 1 ? static_cast<float*>(t.workspace) : nullptr;
+  prm.lse_part = split.splits > 1 ? prm.o_part + rows * split.splits * kD : nullptr;
   prm.Nq = p.Nq;
   prm.Nk = p.Nk;
   prm.R = split.rows;
@@ -243,10 +260,37 @@ void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t 
   const dim3 grid(unsigned(int64_t(p.B) * p.Hkv), unsigned(split.row_blocks), unsigned(split.splits));
   split_kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
   CUDA_CHECK_LAUNCH();
-  const int64_t combine_ctas = (rows + kCombineWarps - 1) / kCombineWarps;
-  fa2_decode_combine_kernel<T, kD><<<unsigned(combine_ctas), 32 * kCombineWarps, 0, stream>>>(
-      prm.o_part, prm.lse_part, prm.o, prm.lse, rows, split.splits);
+  if (split.splits == 1) return;
+  // Launched while the split kernel's last CTAs finish (programmatic dependent launch): its
+  // CTAs are resident and waiting when the partials land, not a launch latency later.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(rows));
+  cfg.blockDim = dim3(32 * kCombineWarps);
+  cfg.stream = stream;
+  cudaLaunchAttribute early;
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &early;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, fa2_decode_combine_kernel<T, kD>, static_cast<const float*>(prm.o_part),
+                                static_cast<const float*>(prm.lse_part), prm.o, prm.lse, split.splits));
   CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int kD>
+void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  const DecodeSplit split = decode_split(p, decode_sm_count());
+  if (int64_t(p.B) * p.H * p.Nq > INT_MAX)  // the combine's grid: one CTA per row
+    throw AttnError("05_fa2_decode: B * H * Nq = " + std::to_string(int64_t(p.B) * p.H * p.Nq) + " rows exceed the grid");
+  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      throw AttnError("05_fa2_decode: Q, K, V and O must be 16-byte aligned (16-byte copies)");
+  if (split.splits > 1 && (t.workspace == nullptr || reinterpret_cast<uintptr_t>(t.workspace) % 16 != 0))
+    throw AttnError("05_fa2_decode: the workspace must be given and 16-byte aligned");
+  if (split.narrow)
+    launch_decode_tile<T, kD, DecodeTileNarrow<kD>>(p, t, split, stream);
+  else
+    launch_decode_tile<T, kD, DecodeTileWide<kD>>(p, t, split, stream);
 }
 
 }  // namespace attn::fa2

@@ -5,44 +5,77 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
+#include "05_fa2_reordered/fa2_tiles.h"
 #include "common/attention.h"
 
 namespace attn::fa2 {
 
-constexpr int kDecodeMaxNq = 64;        // query rows per head it takes (decode, speculative decoding)
-constexpr int kDecodeBr = 64;           // packed rows (query heads x query rows) per CTA
-constexpr int kDecodeBc = 64;           // keys per K/V block
-constexpr int kDecodeCtasPerSm = 2;     // resident CTAs per SM its shared memory allows (d <= 128)
-constexpr int kDecodeWaves = 2;         // CTAs wanted in flight: this many full waves
+constexpr int kDecodeMaxNq = 64;          // query rows per head it takes (decode, speculative decoding)
+constexpr int kDecodeBc = 64;             // keys per K/V block
 constexpr int kDecodeMinSplitKeys = 256;  // fewer keys per split and the combine costs more than it saves
+constexpr double kDecodeWaveFill = 0.95; // the fewest splits within this share of the best wave efficiency
+
+// The two tiles of the split kernel. Both run 4 warps, and all 128 threads copy K and V.
+//  - Narrow, R <= 16 packed rows (Nq = 1 up to 16 query heads per KV head; Nq = 4 at 4):
+//    one 16-row mma tile holds them all, so warp 0 computes and warps 1-3 only copy. A
+//    3-stage ring keeps two K/V blocks in flight; Q takes 16 rows of shared memory, not 64.
+//  - Wide, R > 16: FA2's tile, 16 rows per warp, a 2-stage ring.
+template <int kD>
+struct DecodeTileNarrow : Tile<kD, 16, kDecodeBc, 1, 3> {
+  static constexpr int kThreads = 128;  // 4 warps copy; Tile's kWarps = 1 warp owns rows
+};
+template <int kD>
+using DecodeTileWide = Tile<kD, 64, kDecodeBc, 4, 2>;
+constexpr int kDecodeNarrowRows = 16;
 
 // The grid of one decode problem. Rows: the group = H / Hkv query heads sharing a KV head,
 // each with its Nq rows, packed into R = group * Nq rows (contiguous in Q and O), taken
-// kDecodeBr at a time. Keys: split into `splits` ranges of keys_per_split (a multiple of
-// kDecodeBc, so that only the last range is ragged).
+// B_r = 16 or 64 at a time (the narrow or wide tile). Keys: split into `splits` ranges of
+// keys_per_split (a multiple of kDecodeBc, so that only the last range is ragged).
 struct DecodeSplit {
   int rows;            // R = group * Nq
-  int row_blocks;      // ceil(R / kDecodeBr)
-  int splits;          // key ranges per (batch, KV head, row block)
+  bool narrow;         // R <= 16: the narrow tile
+  int row_blocks;      // ceil(R / B_r)
+  int splits;          // key ranges per (batch, KV head, row block); 1: the split kernel writes O
   int keys_per_split;  // multiple of kDecodeBc
 };
 
-// Enough splits for kDecodeWaves waves of CTAs over sm_count SMs, at least
-// kDecodeMinSplitKeys keys in each.
+// The number of splits. The B * Hkv * row_blocks CTAs of an unsplit grid are far fewer than
+// the SMs at decode (8 at B = 1, Hkv = 8). Every split multiplies them; CTAs of equal length
+// run in waves, so a grid of 1.1 waves takes as long as 2. One CTA per SM already streams K
+// and V as fast as two (its ring keeps blocks in flight) and needs half the splits, so a
+// wave is sm_count CTAs. Among split counts that leave at least kDecodeMinSplitKeys keys per
+// split, take the fewest (longest CTAs, least to combine) whose last wave is nearly as full
+// as the best:
+//   efficiency(s) = waves(s) / ceil(waves(s)),   waves(s) = CTAs(s) / sm_count
 inline DecodeSplit decode_split(const AttnProblem& p, int sm_count) {
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   DecodeSplit s{};
   s.rows = p.group() * p.Nq;
-  s.row_blocks = int(ceil_div(s.rows, kDecodeBr));
+  s.narrow = s.rows <= kDecodeNarrowRows;
+  s.row_blocks = int(ceil_div(s.rows, s.narrow ? kDecodeNarrowRows : DecodeTileWide<64>::kBr));
   const int64_t base = int64_t(p.B) * p.Hkv * s.row_blocks;  // CTAs without a split
-  const int64_t want = ceil_div(int64_t(kDecodeWaves) * kDecodeCtasPerSm * std::max(sm_count, 1), base);
-  const int64_t most = std::max<int64_t>(1, p.Nk / kDecodeMinSplitKeys);
-  const int64_t splits = std::clamp<int64_t>(want, 1, most);
-  s.keys_per_split = int(ceil_div(ceil_div(p.Nk, splits), kDecodeBc) * kDecodeBc);
-  s.splits = int(ceil_div(p.Nk, s.keys_per_split));
+  const double slots = std::max(sm_count, 1);  // a wave: one CTA per SM (the ring keeps it busy)
+  const int64_t most = std::clamp<int64_t>(p.Nk / kDecodeMinSplitKeys, 1, 1024);
+  auto keys_for = [&](int64_t n) { return ceil_div(ceil_div(p.Nk, n), kDecodeBc) * kDecodeBc; };
+  auto efficiency = [&](int64_t splits) {
+    const double waves = double(base * splits) / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int64_t n = 1; n <= most; ++n) best = std::max(best, efficiency(ceil_div(p.Nk, keys_for(n))));
+  for (int64_t n = 1; n <= most; ++n) {
+    const int64_t splits = ceil_div(p.Nk, keys_for(n));  // whole blocks per split may drop a few
+    if (efficiency(splits) >= kDecodeWaveFill * best) {
+      s.keys_per_split = int(keys_for(n));
+      s.splits = int(splits);
+      break;
+    }
+  }
   return s;
 }
 
@@ -60,6 +93,7 @@ inline int decode_sm_count() {
 // Workspace: per packed row and split, the partial O (d fp32, normalized by its own l) and
 // its logsumexp (fp32).
 inline size_t decode_workspace_bytes(const AttnProblem& p, const DecodeSplit& s) {
+  if (s.splits == 1) return 0;  // the split kernel writes O itself
   const size_t rows = size_t(p.B) * p.H * p.Nq;
   return rows * size_t(s.splits) * (size_t(p.d) + 1) * sizeof(float);
 }

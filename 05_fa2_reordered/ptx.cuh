@@ -64,6 +64,13 @@ __device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Programmatic dependent launch (sm_90): a grid launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA of the grid
+// before it has called launch_dependents (or exited); it calls wait before reading what that
+// grid writes, which returns once that grid has finished and its writes are visible.
+__device__ inline void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ inline void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 // exp2_approx and pack2 live in common/device_math.cuh (rung 06 uses them too).
 
 }  // namespace attn::fa2::ptx

@@ -24,8 +24,11 @@ const char* kUsage = R"(usage: attn_bench [options]
   --rungs a,b,...     rungs to run (default: all registered, in ladder order)
   --list              print the registered rungs and exit
   --paper-sweep       B*N = 16384, H = 2048/d, N in 512..16384, d in {64,128,256}
+  --decode-sweep      flash-decoding's shapes: B in {1,8,32}, H = 32 over Hkv = 8, d = 128,
+                      Nq in {1,4}, Nk in {4096,16384,65536,131072}, not causal
   --n 512,1024        sequence lengths (Nq = Nk = n)            [default 1024,4096]
   --nk N              override Nk (Nq != Nk, bottom-right causal alignment)
+  --nq 1,4            query rows with --nk (decode; the same as --n)
   --d 64,128          head dims                                  [default 128; sweep: 64,128,256]
   --B N --H N --Hkv N batch, heads, kv heads (without --paper-sweep) [default 1, 16, H]
   --causal 0|1|both   masking                                    [default both]
@@ -71,7 +74,7 @@ struct Args {
   std::vector<std::string> rungs;
   std::vector<int> n = {1024, 4096}, d = {128};
   int nk = 0, B = 1, H = 16, Hkv = 0;
-  bool paper_sweep = false, d_given = false, n_given = false;
+  bool paper_sweep = false, decode_sweep = false, d_given = false, n_given = false, causal_given = false;
   std::vector<int> causal = {0, 1};
   std::vector<DType> dtypes = {DType::bf16};
   std::string csv, json;
@@ -93,13 +96,15 @@ Args parse(int argc, char** argv) {
       for (const Stage& s : registry()) std::cout << s.name << "  (" << s.summary << ")\n";
       std::exit(0);
     } else if (f == "--paper-sweep") a.paper_sweep = true;
-    else if (f == "--n") a.n = split_ints(f, value()), a.n_given = true;
+    else if (f == "--decode-sweep") a.decode_sweep = true;
+    else if (f == "--n" || f == "--nq") a.n = split_ints(f, value()), a.n_given = true;
     else if (f == "--nk") a.nk = split_ints(f, value())[0];
     else if (f == "--d") a.d = split_ints(f, value()), a.d_given = true;
     else if (f == "--B") a.B = split_ints(f, value())[0];
     else if (f == "--H") a.H = split_ints(f, value())[0];
     else if (f == "--Hkv") a.Hkv = split_ints(f, value())[0];
     else if (f == "--causal") {
+      a.causal_given = true;
       std::string v = value();
       if (v == "0") a.causal = {0};
       else if (v == "1") a.causal = {1};
@@ -134,15 +139,33 @@ Args parse(int argc, char** argv) {
       std::exit(0);
     } else usage_error("unknown flag " + f);
   }
+  if (a.paper_sweep && a.decode_sweep) usage_error("--paper-sweep and --decode-sweep are two different sweeps");
   if (a.paper_sweep) {
     if (!a.n_given) a.n = {512, 1024, 2048, 4096, 8192, 16384};
     if (!a.d_given) a.d = {64, 128, 256};
+  }
+  if (a.decode_sweep) {
+    if (!a.n_given) a.n = {1, 4};
+    if (!a.causal_given) a.causal = {0};
   }
   return a;
 }
 
 std::vector<AttnProblem> problems(const Args& a) {
   std::vector<AttnProblem> out;
+  if (a.decode_sweep) {  // one decode step (Nq query rows) against a long KV cache, GQA 32 / 8
+    for (DType t : a.dtypes)
+      for (int d : a.d)
+        for (int causal : a.causal)
+          for (int B : {1, 8, 32})
+            for (int nq : a.n)
+              for (int nk : {4096, 16384, 65536, 131072}) {
+                AttnProblem p;
+                p.dtype = t, p.d = d, p.causal = causal, p.B = B, p.H = 32, p.Hkv = 8, p.Nq = nq, p.Nk = nk;
+                out.push_back(p);
+              }
+    return out;
+  }
   for (DType t : a.dtypes)
     for (int d : a.d)
       for (int causal : a.causal)

@@ -74,7 +74,8 @@ double fa2_bytes(const AttnProblem& p, int Br, int Bc) {
 double decode_bytes(const AttnProblem& p, int splits, int row_blocks) {
   const double rows = heads(p) * p.Nq;
   const double kv = 2.0 * e(p) * double(p.kv_elems()) * row_blocks;  // K and V, once per KV head and row block
-  const double partials = 2.0 * 4.0 * rows * splits * (p.d + 1);    // O^(s) and L^(s): written, read back
+  // O^(s) and L^(s): written, read back by the combine (one split writes O directly)
+  const double partials = splits > 1 ? 2.0 * 4.0 * rows * splits * (p.d + 1) : 0.0;
   return e(p) * 2.0 * p.q_elems() /* Q, O */ + kv + partials + 4.0 * rows /* lse */;
 }
 

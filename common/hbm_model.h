@@ -52,7 +52,8 @@ double fa2_bytes(const AttnProblem& p, int Br, int Bc);
 // 05_fa2_decode (flash-decoding): each (batch, KV head) streams its K and V once per block
 // of packed rows (the group = H / Hkv query heads that share it, Nq rows each; row_blocks = 1
 // unless group * Nq > B_r); Q read and O written once; each row's `splits` partial O rows and
-// logsumexps (fp32) written by the split kernel and read back by the combine; lse written.
+// logsumexps (fp32) written by the split kernel and read back by the combine (none with one
+// split: the split kernel writes O); lse written.
 double decode_bytes(const AttnProblem& p, int splits, int row_blocks);
 
 }  // namespace attn::hbm

@@ -66,6 +66,12 @@ PAPER_HIDDEN = 2048  # H * d
 PAPER_N = [512, 1024, 2048, 4096, 8192, 16384]
 PAPER_D = [64, 128, 256]
 
+# flash-decoding's sweep (bench --decode-sweep): a decode step against a long KV cache.
+DECODE_B = [1, 8, 32]
+DECODE_NQ = [1, 4]
+DECODE_NK = [4096, 16384, 65536, 131072]
+DECODE_H, DECODE_HKV = 32, 8
+
 WARMUP = 3
 WARM_SECONDS = 0.3  # and keep launching until this long has passed (bench/harness.h: time_launch)
 FLUSH_L2_MULTIPLE = 2  # the flush buffer is this many times L2
@@ -89,12 +95,14 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--paper-sweep", action="store_true", help="B*N = 16384, H = 2048/d, N in 512..16384, d in {64,128,256}")
     p.add_argument("--d", type=parse_list, help="head dims (default 128; sweep: 64,128,256)")
-    p.add_argument("--n", type=parse_list, help="sequence lengths, Nq = Nk (default 1024,4096; sweep: 512..16384)")
+    p.add_argument("--decode-sweep", action="store_true",
+                   help="B in {1,8,32}, H = 32 over Hkv = 8, d = 128, Nq in {1,4}, Nk in {4096..131072}, not causal")
+    p.add_argument("--n", "--nq", type=parse_list, help="sequence lengths, Nq = Nk (default 1024,4096; sweep: 512..16384); with --nk: Nq")
     p.add_argument("--nk", type=int, help="override Nk")
     p.add_argument("--B", type=int, default=BENCH_DEFAULTS["B"], help="batch, without --paper-sweep")
     p.add_argument("--H", type=int, default=BENCH_DEFAULTS["H"], help="query heads, without --paper-sweep")
     p.add_argument("--Hkv", type=int, help="key/value heads, without --paper-sweep (default: H)")
-    p.add_argument("--causal", choices=["0", "1", "both"], default="both")
+    p.add_argument("--causal", choices=["0", "1", "both"], help="default both (--decode-sweep: 0)")
     p.add_argument("--dtype", type=lambda s: parse_list(s, str), default=["bf16"], help="bf16,fp16")
     p.add_argument("--backends", type=lambda s: parse_list(s, str), default=list(BACKENDS), help="flash,cudnn,efficient,math")
     p.add_argument("--repeats", type=int, default=20)
@@ -113,14 +121,25 @@ def parse_args(argv):
             p.error(f"--backends {name}: choose from {', '.join(BACKENDS)}")
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    if args.paper_sweep and args.decode_sweep:
+        p.error("--paper-sweep and --decode-sweep are two different sweeps")
+    args.causal = args.causal or ("0" if args.decode_sweep else "both")
     args.d = args.d or (PAPER_D if args.paper_sweep else BENCH_DEFAULTS["d"])
-    args.n = args.n or (PAPER_N if args.paper_sweep else BENCH_DEFAULTS["n"])
+    args.n = args.n or (PAPER_N if args.paper_sweep else DECODE_NQ if args.decode_sweep else BENCH_DEFAULTS["n"])
     return args
 
 
 def problems(args):
     """(B, H, Hkv, Nq, Nk, d, causal) in the bench's order: d, causal, N."""
     causals = [0, 1] if args.causal == "both" else [int(args.causal)]
+    if args.decode_sweep:  # bench/attn_bench.cpp --decode-sweep, in its order
+        for d in args.d:
+            for causal in causals:
+                for B in DECODE_B:
+                    for nq in args.n:
+                        for nk in DECODE_NK:
+                            yield B, DECODE_H, DECODE_HKV, nq, nk, d, causal
+        return
     for d in args.d:
         for causal in causals:
             for n in args.n:

@@ -17,6 +17,9 @@ and with --fp8 CSV (the FP8 run of scripts/reproduce.sh, fp8_speed.csv), from th
   fp8_vs_bf16.png        TFLOPS vs N of each fp8 rung and of 06d in bf16 in the same run, one
                          panel per d (non-causal), and below them the fp8 / bf16 ratio against
                          the 1.5x goal of FP8 at d >= 128
+and with --decode CSV... (the decode sweep: attn_bench and peers.py --decode-sweep):
+  decode_vs_nk.png       time vs Nk of one decode step, one panel per (Nq, B), every rung and
+                         peer, and the time K and V take at the measured copy bandwidth
 With --readme FILE, rewrites the text between <!-- results:begin --> and
 <!-- results:end --> with a TFLOPS table (rung x N, d = 128, non-causal) and links to
 the images, relative to the README. Missing data skips that series; it never crashes.
@@ -509,6 +512,51 @@ def rewrite_readme(readme, body):
     print(f"plot.py: rewrote the results block of {readme}")
 
 
+def plot_decode(rows, palette, out_dir):
+    """Time vs Nk per (Nq, B) of the decode sweep, with K + V at copy bandwidth as the floor."""
+    chosen = [r for r in rows if r["time_ms_median"] is not None and r["Nq"] < r["Nk"]]
+    nqs = sorted({r["Nq"] for r in chosen}) or [1]
+    bs = sorted({r["B"] for r in chosen}) or [1]
+    fig, axes = new_figure(len(nqs), len(bs), sharex=True)
+    copy_gbps = ceiling(chosen, "ceiling_copy_gbps")
+    drawn = {}
+    for qi, nq in enumerate(nqs):
+        for bi, b in enumerate(bs):
+            ax = axes[qi][bi]
+            ax.set_title(f"B = {b}, Nq = {nq}")
+            here = [r for r in chosen if r["Nq"] == nq and r["B"] == b]
+            if not here:
+                no_data(ax, f"B={b} Nq={nq}")
+                continue
+            by_rung = {}
+            for r in here:
+                by_rung.setdefault(r["rung"], {})[r["Nk"]] = r
+            nks = sorted({r["Nk"] for r in here})
+            for rung in rung_order(here):
+                xs = sorted(by_rung[rung])
+                drawn[rung] = ax.plot(xs, [by_rung[rung][n]["time_ms_median"] * 1e3 for n in xs],
+                                      palette.line_style(rung), color=palette.color[rung],
+                                      marker=palette.marker[rung], label=rung)[0]
+            if copy_gbps:  # K and V of [B, Hkv, Nk, d] in 2-byte elements, read once
+                floor = [2 * 2 * b * here[0]["Hkv"] * n * here[0]["d"] / (copy_gbps * 1e9) * 1e6 for n in nks]
+                label = f"K + V at copy bandwidth ({copy_gbps:.0f} GB/s)"
+                drawn[label] = ax.plot(nks, floor, ":", color="gray", label=label)[0]
+            ax.set_yscale("log")
+            plain_log_labels(ax.yaxis)
+            log2_n_axis(ax, nks)
+            ax.grid(True, alpha=0.3)
+            if bi == 0:
+                ax.set_ylabel("time (µs)")
+            if qi == len(nqs) - 1:
+                ax.set_xlabel("keys Nk")
+    if drawn:
+        fig.legend(drawn.values(), drawn.keys(), loc="outside right center")
+    h = chosen[0] if chosen else None
+    shape = f"H = {h['H']} over Hkv = {h['Hkv']}, d = {h['d']}, {h['dtype']}" if h else ""
+    title(fig, f"One decode step against a KV cache of Nk keys ({shape})", chosen or rows)
+    return save(fig, out_dir, "decode_vs_nk.png")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("csv", nargs="+", type=pathlib.Path, help="bench and/or peers CSV files")
@@ -516,8 +564,9 @@ def main(argv=None):
     p.add_argument("--dtype", default="bf16", help="rows of this dtype (default bf16)")
     p.add_argument("--readme", type=pathlib.Path, help="rewrite this file's results block")
     p.add_argument("--fp8", type=pathlib.Path, help="the FP8 run's CSV: fp8_vs_bf16.png from it alone")
+    p.add_argument("--decode", type=pathlib.Path, nargs="+", help="the decode sweep's CSVs: decode_vs_nk.png from them alone")
     args = p.parse_args(argv)
-    missing = [str(c) for c in [*args.csv, *([args.fp8] if args.fp8 else [])] if not c.is_file()]
+    missing = [str(c) for c in [*args.csv, *([args.fp8] if args.fp8 else []), *(args.decode or [])] if not c.is_file()]
     if missing:
         sys.exit(f"plot.py: no such CSV: {', '.join(missing)}")
     rows = load(args.csv)
@@ -535,6 +584,9 @@ def main(argv=None):
     ]
     if args.fp8:  # linked from 06_fa3_hopper/README.md, not from the results block
         plot_fp8_vs_bf16(fp8_rows, palette, out_dir)
+    if args.decode:  # linked from 05_fa2_reordered/README.md
+        decode_rows = load(args.decode)
+        plot_decode(decode_rows, Palette(rung_order(decode_rows)), out_dir)
     if args.readme:
         rewrite_readme(args.readme, results_markdown(rows, args.dtype, palette, images, args.readme))
     return 0

@@ -226,23 +226,36 @@ TEST(HbmModel, DecodeReadsKvOncePerKvHead) {
   EXPECT_EQ(fa2_kv, 4 * kv);
   // Two row blocks stream K and V twice.
   EXPECT_EQ(hbm::decode_bytes(p, 4, 2) - hbm::decode_bytes(p, 4, 1), kv);
+  // One split: no partials, the split kernel writes O.
+  EXPECT_EQ(hbm::decode_bytes(p, 1, 1), 2.0 * 2 * rows * 64 + kv + 4 * rows);
 }
 
-TEST(Fa2Decode, SplitsFillTheGpuWithEnoughKeysEach) {
+TEST(Fa2Decode, SplitsFillWholeWavesWithEnoughKeysEach) {
   using namespace attn::fa2;
+  // The narrow tile holds 16 rows of Q and a 3-stage ring: two fit in an SM at d = 128.
+  EXPECT_LE(2 * (DecodeTileNarrow<128>::kSmemBytes + 1024), 228 * 1024);
   AttnProblem p = tiny(1, 65536, 128, false, 32, 8);
   DecodeSplit s = decode_split(p, 132);
   EXPECT_EQ(s.rows, 4);
+  EXPECT_TRUE(s.narrow);
   EXPECT_EQ(s.row_blocks, 1);
-  // B * Hkv = 8 CTAs without a split: about 2 waves of 2 CTAs on 132 SMs (a split's keys round
-  // up to whole K/V blocks, which may drop a few splits).
-  EXPECT_GE(int64_t(8) * s.splits, 3 * kDecodeWaves * kDecodeCtasPerSm * 132 / 4);
-  EXPECT_LE(int64_t(8) * s.splits, kDecodeWaves * kDecodeCtasPerSm * 132 + 8);
+  // B * Hkv = 8 CTAs without a split; a wave is one CTA per SM: 16 splits of 4096 keys make
+  // 128 CTAs on 132 SMs (17 would make 136, a wave and a bit).
+  EXPECT_EQ(s.splits, 16);
+  EXPECT_EQ(s.keys_per_split, 4096);
   EXPECT_EQ(s.keys_per_split % kDecodeBc, 0);
   EXPECT_GE(s.keys_per_split, kDecodeMinSplitKeys);
   EXPECT_LT(int64_t(s.splits - 1) * s.keys_per_split, p.Nk);  // every split has keys
   EXPECT_GE(int64_t(s.splits) * s.keys_per_split, p.Nk);      // and together all of them
+  // B = 8: 64 CTAs; 2 splits make 128, one wave (3 would make a wave and a half).
+  p.B = 8;
+  EXPECT_EQ(decode_split(p, 132).splits, 2);
+  // B = 32: 256 CTAs are two full waves unsplit, and one split writes O itself: no workspace.
+  p.B = 32;
+  EXPECT_EQ(decode_split(p, 132).splits, 1);
+  EXPECT_EQ(decode_workspace_bytes(p, decode_split(p, 132)), 0u);
   // Short K: at least kDecodeMinSplitKeys keys per split; Nk < that: one split.
+  p.B = 1;
   p.Nk = 4096;
   EXPECT_EQ(decode_split(p, 132).splits, 4096 / kDecodeMinSplitKeys);
   for (int nk : {1, 17, 255}) {
@@ -253,18 +266,24 @@ TEST(Fa2Decode, SplitsFillTheGpuWithEnoughKeysEach) {
   p.B = 256;
   p.Nk = 100003;
   EXPECT_EQ(decode_split(p, 132).splits, 1);
-  // Nq = 64 and 8 heads per KV head: 512 packed rows, 8 row blocks.
+  // Nq = 64 and 8 heads per KV head: 512 packed rows, the wide tile, 8 row blocks.
   AttnProblem q = tiny(64, 4097, 64, true, 8, 1);
   DecodeSplit t = decode_split(q, 132);
   EXPECT_EQ(t.rows, 512);
+  EXPECT_FALSE(t.narrow);
   EXPECT_EQ(t.row_blocks, 8);
-  EXPECT_EQ(decode_workspace_bytes(q, t), size_t(8) * 64 * t.splits * 65 * 4);
+  EXPECT_EQ(decode_workspace_bytes(q, t), t.splits > 1 ? size_t(8) * 64 * t.splits * 65 * 4 : 0u);
   for (int nk : {1, 17, 4097, 100003}) {  // the tests' Nk: splits cover the keys exactly
     q.Nk = nk;
     t = decode_split(q, 132);
     EXPECT_LT(int64_t(t.splits - 1) * t.keys_per_split, nk);
     EXPECT_GE(int64_t(t.splits) * t.keys_per_split, nk);
   }
+  // Nq = 4 at group 4 is 16 rows: still narrow; Nq = 5 is not.
+  AttnProblem r = tiny(4, 16384, 128, true, 32, 8);
+  EXPECT_TRUE(decode_split(r, 132).narrow);
+  r.Nq = 5;
+  EXPECT_FALSE(decode_split(r, 132).narrow);
 }
 
 TEST(Fa2Decode, RefusesMoreQueryRowsThanItTakes) {
