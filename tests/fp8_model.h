@@ -1,19 +1,23 @@
 // Host model of rung 06's FP8 pre-kernel (06_fa3_hopper/fp8_quantize.cuh), in double:
 // the random-sign Hadamard transform of a row and e4m3 decoding. The CPU tests check the
 // model against its definition; the GPU test (test_fp8.cpp) checks the pre-kernel against
-// the model at every FP8 head dim.
+// the model at every FP8 head dim. Below them, the whole FP8 forward (fp8_forward_model),
+// each rounding switchable: where O's error comes from.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "common/exp2_linear.h"
+#include "common/reference.h"
 
 namespace attn::testing {
 
@@ -168,6 +172,162 @@ inline void expect_exp2_e4m3_linear_bytes(const Exp2E4m3Points& p, const std::ve
     }
   }
   EXPECT_GT(checked_normal, int(b.size() / 2));
+}
+
+// ---------------------------------------------------------------------------------------
+// The whole FP8 forward on the host, step by step as the pre-kernel (fp8_quantize.cuh) and
+// the attention kernel (fp8_fa3.cuh) take it, in double, each rounding switchable: where
+// O's error comes from (tests/test_cpu.cpp, Fp8Model.*; the GPU test
+// Fp8PeakedSoftmaxIsTheModelsAndWithinItsBound compares the kernels with it). Not modelled:
+// the QGMMA's accumulation, which keeps fewer bits than fp32 (far below e4m3's steps).
+
+// x rounded to e4m3 as cvt.rn.satfinite does it: to nearest, ties to even, 3 mantissa bits
+// (steps of 2^-9 below the smallest normal 2^-6), at most 448.
+inline double e4m3_round(double x) {
+  if (x == 0 || std::isnan(x)) return x;
+  int e;
+  std::frexp(std::fabs(x), &e);  // |x| in [2^(e-1), 2^e)
+  const double step = std::ldexp(1.0, std::max(e - 1, -6) - 3);
+  return std::copysign(std::min(std::nearbyint(std::fabs(x) / step) * step, double(fa3::kE4m3Max)), x);
+}
+
+// x as a bf16 (to nearest, ties to even): O as the kernel stores it.
+inline double bf16_round(double x) {
+  const float f = float(x);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &bits, sizeof r);
+  return r;
+}
+
+// Which roundings the model takes. Each FP8 stage is one setting (fp8_model_options); the
+// others switch one rounding off to measure its share.
+struct Fp8ModelOptions {
+  bool hadamard = true;      // Q and K times M = diag(s) H_d / sqrt(d) (Fp8Options)
+  bool block_scales = true;  // one scale per block (Q: 64 rows, K and V: B_c); else per tensor
+  bool round_qk = true;      // Q̂ and K̂ rounded to e4m3 (off: Q M and K M as they are)
+  bool round_v = true;       // V̂ rounded to e4m3
+  bool round_p = true;       // P rounded to e4m3 as the softmax makes it (off: 2^x exact)
+};
+
+// The setting of FP8 stage `stage`. 06_fp8_e4m3 takes the caller's e4m3 values as they are
+// (in.host holds them times their descales): only P is rounded.
+inline Fp8ModelOptions fp8_model_options(const std::string& stage) {
+  const bool e4m3_inputs = stage == "06_fp8_e4m3";
+  Fp8ModelOptions o;  // 06_fp8's roundings, and those of its variants that quantize alike
+  o.hadamard = !e4m3_inputs && stage != "06_fp8_no_hadamard" && stage != "06_fp8_per_tensor";
+  o.block_scales = stage != "06_fp8_per_tensor_hadamard" && stage != "06_fp8_per_tensor";
+  o.round_qk = o.round_v = !e4m3_inputs;
+  return o;
+}
+
+// x [heads][N][d] as the attention kernel reads it: each block of block_rows rows of a head
+// (or the whole tensor) times 1 / scale, scale = amax / 448 in float, rounded, times scale.
+inline void quantize_model(std::vector<double>& x, int64_t heads, int64_t N, int d, int block_rows,
+                           bool block_scales) {
+  double tensor_amax = 0;
+  for (double v : x) tensor_amax = std::max(tensor_amax, std::fabs(v));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t r0 = 0; r0 < N; r0 += block_rows) {
+      double* block = &x[(h * N + r0) * d];
+      const int64_t n = std::min<int64_t>(block_rows, N - r0) * d;
+      double amax = tensor_amax;
+      if (block_scales) {
+        amax = 0;
+        for (int64_t e = 0; e < n; ++e) amax = std::max(amax, std::fabs(block[e]));
+      }
+      const float scale = amax > 0 ? std::max(float(amax) / fa3::kE4m3Max, FLT_MIN) : 1.f;
+      const float inv_scale = 1.f / scale;
+      for (int64_t e = 0; e < n; ++e) block[e] = e4m3_round(float(block[e]) * inv_scale) * scale;
+    }
+}
+
+// Whether column `col` of a K/V block takes its 2^x by exp2_e4m3_linear at d <= 128
+// (fp8_fa3.cuh: linear_exp_pair with kLinearExps = 6, V̂ᵀ's keys permuted): column col is
+// pair col / 8 of its thread's entries, and 6 of every 8 pairs go that way. (With the keys
+// in order other pairs go, as many: the error is the same, not every P bit for bit.)
+inline bool fp8_linear_exp_column(int col) {
+  const int pair = col / 8, reg = pair / 2 % 4;
+  return 2 * (reg % 2 * 2 + reg / 2) + pair % 2 < 6;
+}
+
+constexpr float kFp8POffsetLog2 = 8;  // P = 2^8 exp(S - m): fp8_fa3.cuh, Config::kPOffsetLog2
+
+struct Fp8ModelOutput {
+  std::vector<double> o;    // [B, H, Nq, d]
+  std::vector<double> lse;  // [B, H, Nq], natural log (-inf where a row sees no key)
+};
+
+// The FP8 forward of problem p on `in` (bf16 values; for 06_fp8_e4m3 the e4m3 values times
+// their descales), block by block as one consumer row runs it: m_i (on e4m3_linear_grid at
+// d <= 128), P = 2^(8 + s - m_i) rounded to e4m3 (by the line's byte in 6 of every 8 pairs
+// at d <= 128, else 2^x then the rounding), l_i the sum of the rounded P (the row-sum column,
+// d <= 128) or of 2^x before rounding (d = 256), O_i = sum of P V̂ over l_i, stored as bf16.
+inline Fp8ModelOutput fp8_forward_model(const AttnProblem& p, const HostInputs& in, const Fp8ModelOptions& opt) {
+  const int d = p.d, B_c = fa3::fp8_block_cols(d);
+  const bool linear_exps = d <= 128, row_sum_column = d + 8 <= 256;
+  auto kernel_view = [&](const std::vector<float>& src, int64_t heads, int64_t N, int block_rows, bool hadamard,
+                         bool round) {
+    std::vector<double> x(src.begin(), src.end());
+    if (hadamard)
+      for (int64_t r = 0; r < heads * N; ++r) {
+        const std::vector<double> row = hadamard_row(std::vector<double>(x.begin() + r * d, x.begin() + (r + 1) * d));
+        std::copy(row.begin(), row.end(), x.begin() + r * d);
+      }
+    if (round) quantize_model(x, heads, N, d, block_rows, opt.block_scales);
+    return x;
+  };
+  const std::vector<double> q = kernel_view(in.q, int64_t(p.B) * p.H, p.Nq, fa3::kFp8QBlockRows, opt.hadamard,
+                                            opt.round_qk);
+  const std::vector<double> k = kernel_view(in.k, int64_t(p.B) * p.Hkv, p.Nk, B_c, opt.hadamard, opt.round_qk);
+  const std::vector<double> v = kernel_view(in.v, int64_t(p.B) * p.Hkv, p.Nk, B_c, false, opt.round_v);
+  const float s_log2 = float(double(p.softmax_scale()) * M_LOG2E);
+  Fp8ModelOutput out{std::vector<double>(size_t(p.o_elems()), 0.0),
+                     std::vector<double>(size_t(p.B) * p.H * p.Nq, -INFINITY)};
+  std::vector<double> s(static_cast<size_t>(B_c)), o(static_cast<size_t>(d));
+  for (int64_t bh = 0; bh < int64_t(p.B) * p.H; ++bh) {
+    const int64_t kv_head = bh / p.H * p.Hkv + bh % p.H / (p.H / p.Hkv);
+    for (int64_t i = 0; i < p.Nq; ++i) {
+      const double* q_i = &q[(bh * p.Nq + i) * d];
+      const int64_t keys = p.causal ? std::min<int64_t>(p.Nk, i + 1 + p.Nk - p.Nq) : p.Nk;  // bottom-right
+      float m = -INFINITY;
+      double l = 0;
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int64_t j0 = 0; j0 < keys; j0 += B_c) {
+        const int n = int(std::min<int64_t>(B_c, keys - j0));
+        float m_new = m;
+        for (int c = 0; c < n; ++c) {
+          const double* k_j = &k[(kv_head * p.Nk + j0 + c) * d];
+          double dot = 0;
+          for (int e = 0; e < d; ++e) dot += q_i[e] * k_j[e];
+          s[c] = dot;
+          m_new = std::max(m_new, float(dot) * s_log2);
+        }
+        if (linear_exps) m_new = e4m3_linear_grid_host(m_new);
+        const double alpha = m == -INFINITY ? 0.0 : std::exp2(double(m) - m_new);
+        m = m_new;
+        for (double& x : o) x *= alpha;
+        l *= alpha;
+        for (int c = 0; c < n; ++c) {
+          const double exact = std::exp2(s[c] * s_log2 + kFp8POffsetLog2 - m_new);
+          double p_ij = exact;
+          if (opt.round_p)
+            p_ij = linear_exps && fp8_linear_exp_column(c)
+                       ? e4m3_value(exp2_e4m3_linear_host(float(s[c]), s_log2, kFp8POffsetLog2 - m_new))
+                       : e4m3_round(exact);
+          l += row_sum_column ? p_ij : exact;
+          const double* v_j = &v[(kv_head * p.Nk + j0 + c) * d];
+          for (int e = 0; e < d; ++e) o[e] += p_ij * v_j[e];
+        }
+      }
+      if (keys <= 0) continue;  // a row that sees no key: O = 0, lse = -inf
+      for (int e = 0; e < d; ++e) out.o[size_t((bh * p.Nq + i) * d + e)] = bf16_round(o[e] / l);
+      out.lse[size_t(bh * p.Nq + i)] = double(m) * M_LN2 + std::log(l) - kFp8POffsetLog2 * M_LN2;
+    }
+  }
+  return out;
 }
 
 }  // namespace attn::testing

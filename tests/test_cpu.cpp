@@ -1,9 +1,11 @@
 // CPU tests: the fp64 reference, the cost model, validation and the registry, rung 06's
-// tile layouts and the host model of its FP8 pre-kernel. No GPU needed.
+// tile layouts and the host model of its FP8 path (the pre-kernel, and the whole forward:
+// where FP8's error comes from). No GPU needed.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <set>
 #include <type_traits>
 
@@ -16,6 +18,7 @@
 #include "common/hbm_model.h"
 #include "common/reference.h"
 #include "common/stage.h"
+#include "common/tolerance.h"
 #include "ladder/registry.h"
 #include "common/tile_order.h"
 #include "tests/fp8_model.h"
@@ -659,6 +662,156 @@ TEST(Fp8Model, E4m3Values) {
   EXPECT_EQ(attn::testing::e4m3_value(0x08), std::ldexp(1.0, -6));  // smallest normal
   EXPECT_EQ(attn::testing::e4m3_value(0x01), std::ldexp(1.0, -9));  // smallest subnormal
   EXPECT_TRUE(std::isnan(attn::testing::e4m3_value(0x7F)));
+}
+
+// ---------------------------------------------------------------- rung 06: where FP8's error comes from
+// The host model of the whole FP8 forward (tests/fp8_model.h: fp8_forward_model) on N(0,1)
+// inputs, against fp64, with each rounding switched off in turn.
+
+namespace {
+
+// N(0,1) values rounded to bf16, as the GPU tests' inputs: the model, the reference and a
+// kernel see the same values.
+HostInputs normal_bf16_inputs(const AttnProblem& p, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal;
+  HostInputs in;
+  for (auto* t : {&in.q, &in.k, &in.v}) {
+    t->resize(size_t(t == &in.q ? p.q_elems() : p.kv_elems()));
+    for (float& x : *t) x = float(attn::testing::bf16_round(normal(rng)));
+  }
+  return in;
+}
+
+// One problem's inputs and fp64 reference, and the model's error on them: O's relative
+// Frobenius error, and lse's largest excess over lse_tolerance (> 0: outside it).
+struct Fp8ModelCase {
+  AttnProblem p;
+  HostInputs in;
+  ReferenceRows ref;
+  Fp8ModelCase(const AttnProblem& p_, HostInputs in_)
+      : p(p_), in(std::move(in_)), ref(reference_rows(p, in, all_rows(p))) {}
+  struct Error {
+    double o, lse;
+  };
+  // FP8 stage `stage`'s roundings, then `tweak` (one switched off, say).
+  template <class Tweak>
+  Error error(const char* stage, Tweak&& tweak) const {
+    attn::testing::Fp8ModelOptions opt = attn::testing::fp8_model_options(stage);
+    tweak(opt);
+    const attn::testing::Fp8ModelOutput model = attn::testing::fp8_forward_model(p, in, opt);
+    Error e{rel_frobenius(model.o, ref.o), -INFINITY};
+    for (size_t r = 0; r < ref.lse.size(); ++r)
+      e.lse = std::max(e.lse, std::fabs(model.lse[r] - ref.lse[r]) - lse_tolerance(p.dtype, ref.lse[r], logit_std(p)));
+    return e;
+  }
+  Error error(const char* stage) const {
+    return error(stage, [](attn::testing::Fp8ModelOptions&) {});
+  }
+};
+
+// The peaked class: scale 8/sqrt(d) (logits of standard deviation 8), d = 128,
+// Nq = Nk = 257 (two K/V blocks of 192 keys), 8 heads.
+AttnProblem peaked_fp8_problem(DType t = DType::fp8_e4m3, float scale_times = 8) {
+  AttnProblem p = tiny(257, 257, 128, false, 8, 8);
+  p.dtype = t;
+  p.scale = scale_times / std::sqrt(128.f);
+  return p;
+}
+
+}  // namespace
+
+TEST(Fp8Model, E4m3RoundingAndBf16) {
+  using attn::testing::e4m3_round;
+  EXPECT_EQ(e4m3_round(1.0625), 1.0) << "a tie goes to the even mantissa";
+  EXPECT_EQ(e4m3_round(1.1875), 1.25);
+  EXPECT_EQ(e4m3_round(-3.3), -3.25);
+  EXPECT_EQ(e4m3_round(500.0), 448.0) << "satfinite";
+  EXPECT_EQ(e4m3_round(3 * std::ldexp(1.0, -11)), std::ldexp(1.0, -9)) << "subnormal steps of 2^-9";
+  for (int byte = 0; byte < 0x7F; ++byte)
+    EXPECT_EQ(e4m3_round(attn::testing::e4m3_value(uint8_t(byte))), attn::testing::e4m3_value(uint8_t(byte)));
+  EXPECT_EQ(attn::testing::bf16_round(1.0 + std::ldexp(1.0, -8)), 1.0);
+  EXPECT_EQ(attn::testing::bf16_round(1.0 + 3 * std::ldexp(1.0, -8)), 1.0 + std::ldexp(1.0, -6));
+}
+
+// At the default scale (logits of standard deviation 1) the roundings of Q and K, V and P
+// share the error, and the model stays within the FP8 bound (the GPU's ladder tests hold
+// the kernels to it).
+TEST(Fp8Model, DefaultScaleErrorWithinTheFp8Bound) {
+  const AttnProblem p = peaked_fp8_problem(DType::fp8_e4m3, 1);
+  const Fp8ModelCase c(p, normal_bf16_inputs(p, 5));
+  ASSERT_NEAR(logit_std(c.p), 1.0, 1e-6);
+  const Fp8ModelCase::Error full = c.error("06_fp8");
+  EXPECT_LE(full.o, tolerance(c.p.dtype));
+  EXPECT_GT(full.o, 0.3 * tolerance(c.p.dtype)) << "three mantissa bits: a few per cent";
+  EXPECT_LE(full.lse, 0.0);
+  const double qk_only = c.error("06_fp8", [](auto& o) { o.round_v = o.round_p = false; }).o;
+  const double v_only = c.error("06_fp8", [](auto& o) { o.round_qk = o.round_p = false; }).o;
+  EXPECT_LT(qk_only, 0.8 * full.o);
+  EXPECT_LT(v_only, 0.8 * full.o);
+}
+
+// The peaked softmax (logits 8x the default): every FP8 stage's error passes the flat bound
+// 0.1 (1.1e-1 in the model, as on the GPU), and the whole of the excess is Q's and K's
+// rounding, the noise on the logits. Neither P's e4m3 step nor V's block scale nor the row
+// max: with Q and K exact the error falls below the default scale's.
+TEST(Fp8Model, PeakedSoftmaxErrorIsTheLogitsNoise) {
+  const AttnProblem p = peaked_fp8_problem();
+  const Fp8ModelCase c(p, normal_bf16_inputs(p, 7));
+  for (const char* stage : {"06_fp8", "06_fp8_no_hadamard", "06_fp8_per_tensor_hadamard", "06_fp8_per_tensor"}) {
+    SCOPED_TRACE(stage);
+    const Fp8ModelCase::Error full = c.error(stage);
+    EXPECT_GT(full.o, tolerance(p.dtype)) << "the flat bound fails on the peaked class";
+    EXPECT_LE(full.o, tolerance(p.dtype, logit_std(p))) << "the bound that grows with the logits";
+    EXPECT_LE(full.lse, 0.0) << "lse within its bound at sigma_L = 8";
+  }
+  const double full = c.error("06_fp8").o;
+  const double qk_exact = c.error("06_fp8", [](auto& o) { o.round_qk = false; }).o;
+  const double qk_only = c.error("06_fp8", [](auto& o) { o.round_v = o.round_p = false; }).o;
+  EXPECT_LT(qk_exact, 0.4 * tolerance(p.dtype)) << "V and P alone: ~3 %";
+  EXPECT_GT(qk_only, 0.9 * full) << "Q and K alone: nearly all of it";
+  // The old lse bound (fp8's at sigma_L = 1) fails too: a peaked row's lse is about its
+  // largest logit, and keeps that logit's noise.
+  const attn::testing::Fp8ModelOutput model =
+      attn::testing::fp8_forward_model(p, c.in, attn::testing::fp8_model_options("06_fp8"));
+  int outside_flat_bound = 0;
+  for (size_t r = 0; r < c.ref.lse.size(); ++r)
+    outside_flat_bound += std::fabs(model.lse[r] - c.ref.lse[r]) > lse_tolerance(p.dtype, c.ref.lse[r]);
+  EXPECT_GT(outside_flat_bound, 0);
+}
+
+// On e4m3 inputs (06_fp8_e4m3) the reference sees the rounded Q and K, so the logits carry
+// no rounding noise and the peaked class stays far inside the flat bound: only P rounds.
+TEST(Fp8Model, PeakedSoftmaxOnE4m3InputsKeepsTheFlatBound) {
+  const AttnProblem p = peaked_fp8_problem(DType::e4m3);
+  HostInputs in = normal_bf16_inputs(p, 7);
+  for (auto* t : {&in.q, &in.k, &in.v}) {  // as the harness's fill_e4m3: e4m3 times a power of two
+    float amax = 0;
+    for (float x : *t) amax = std::max(amax, std::fabs(x));
+    const double c = std::exp2(std::ceil(std::log2(amax / fa3::kE4m3Max)));
+    for (float& x : *t) x = float(attn::testing::e4m3_round(x / c) * c);
+  }
+  const Fp8ModelCase::Error e = Fp8ModelCase(p, in).error("06_fp8_e4m3");
+  EXPECT_LE(e.o, 0.3 * tolerance(p.dtype));
+  EXPECT_EQ(tolerance(p.dtype, logit_std(p)), tolerance(p.dtype));
+  EXPECT_LE(e.lse, 0.0);
+}
+
+// The bound grows as sqrt(sigma_L), as the error does: within it from flat to very peaked
+// logits, with room (the bound is >= 1.75x the model's error on a sweep of d and N).
+TEST(Fp8Model, ErrorGrowsAsTheSqrtOfTheLogitsSpread) {
+  double last = 0;
+  for (float times : {1.f, 2.f, 4.f, 8.f, 16.f, 32.f}) {
+    SCOPED_TRACE("scale " + std::to_string(times) + "/sqrt(d)");
+    AttnProblem p = peaked_fp8_problem(DType::fp8_e4m3, times);
+    p.H = p.Hkv = 2;
+    const Fp8ModelCase::Error e = Fp8ModelCase(p, normal_bf16_inputs(p, 11)).error("06_fp8");
+    EXPECT_LE(e.o, 0.7 * tolerance(p.dtype, logit_std(p)));
+    EXPECT_GT(e.o, last) << "more spread, more error";
+    EXPECT_LE(e.lse, 0.0);
+    last = e.o;
+  }
+  EXPECT_GT(last, 1.5 * tolerance(DType::fp8_e4m3));
 }
 
 // The line the FP8 softmax's integer-ALU 2^x rounds to e4m3 (common/exp2_linear.h), as a
