@@ -16,6 +16,8 @@ and fp8_speed.csv of the results folder. metric is one of
     softmax_gbps  the softmax kernel alone (01-03a): GB/s by N and % of the copy ceiling
     fp8           06_fp8 against 06d bf16 from fp8_speed.csv, by d and N
     op            the PyTorch operator against attn_bench and cuDNN, from op.csv
+    decode        05_fa2_decode against cuDNN and FlashAttention-2 by (B, Nq) and Nk, from
+                  decode.csv and decode_peers.csv
 causal=0 or causal=1 restricts tflops to one mask (default both). With --check nothing is
 written: it exits 1 naming each block that differs from what the CSVs give, so a lesson
 cannot quote numbers other than the reference run's. Standard library only.
@@ -72,6 +74,7 @@ class Data:
         self.peers = load(results / "peers.csv")
         self.fp8 = load(results / "fp8_speed.csv")
         self.op = load(results / "op.csv")
+        self.decode = load(results / "decode.csv") + load(results / "decode_peers.csv")
         self.rel = results.relative_to(REPO).as_posix() if results.is_relative_to(REPO) else str(results)
 
     def rows(self, rungs, d, causal=None, dtype="bf16"):
@@ -179,6 +182,30 @@ def table_op(data):
     return out, caption(rows, [f"{data.rel}/op.csv"], what)
 
 
+def table_decode(data, rung):
+    rows = [r for r in data.decode if r["rung"] in (rung, "torch_cudnn", "torch_flash")]
+    mine = [r for r in rows if r["rung"] == rung]
+    if not mine:
+        return None
+    t = {(r["rung"], int(r["B"]), int(r["Nq"]), int(r["Nk"])): num(r, "time_ms_median") for r in rows}
+    nks = sorted({int(r["Nk"]) for r in mine})
+    out = ["| B | N_q | " + " | ".join(f"N_k = {n_label(n)}" for n in nks) + " |", "|---:|---:|" + "---:|" * len(nks)]
+    for b, nq in sorted({(int(r["B"]), int(r["Nq"])) for r in mine}):
+        cells = []
+        for nk in nks:
+            ours, cudnn, flash = (t.get((x, b, nq, nk)) for x in (rung, "torch_cudnn", "torch_flash"))
+            if ours is None:
+                cells.append("–")
+                continue
+            ratio = lambda peer: f"{peer / ours:.2f}×" if peer else "–"
+            cells.append(f"{ours * 1e3:.0f} µs ({ratio(cudnn)} / {ratio(flash)})")
+        out.append(f"| {b} | {nq} | " + " | ".join(cells) + " |")
+    r0 = mine[0]
+    what = (f"{rung}: time, and its speedup over cuDNN / FlashAttention-2 (torch SDPA) on the same shapes; "
+            f"bf16, d = {r0['d']}, H = {r0['H']} over H_kv = {r0['Hkv']}")
+    return out, caption(rows, [f"{data.rel}/decode.csv", f"{data.rel}/decode_peers.csv"], what)
+
+
 def render(data, args_text):
     args = dict(kv.split("=", 1) for kv in args_text.split())
     metric = args.get("metric", "tflops")
@@ -195,8 +222,10 @@ def render(data, args_text):
         made = table_fp8(data)
     elif metric == "op":
         made = table_op(data)
+    elif metric == "decode":
+        made = table_decode(data, rungs[0] if rungs else "05_fa2_decode")
     else:
-        raise ValueError(f"unknown metric '{metric}' (tflops, bytes, softmax_gbps, fp8)")
+        raise ValueError(f"unknown metric '{metric}' (tflops, bytes, softmax_gbps, fp8, op, decode)")
     if made is None:
         return f"(no rows for {args_text} in {data.rel})"
     lines, cap = made

@@ -2,7 +2,7 @@
 """CPU test of scripts/plot.py on the committed sample CSV (results/sample/ladder_sample.csv).
 
 Checks: the four PNGs exist and are non-empty; fp8_vs_bf16.png is written from --fp8 CSV (a few
-synthetic fp8 rows) and only then; the README rewrite replaces only the text
+synthetic fp8 rows) and only then, decode_vs_nk.png from --decode CSV (synthetic decode rows); the README rewrite replaces only the text
 between the markers, links the images relative to the README, and is idempotent; a
 header-only CSV and a README without markers behave (plots with "no data", a clear exit).
 
@@ -20,6 +20,7 @@ PLOT = REPO / "scripts" / "plot.py"
 SAMPLE = REPO / "results" / "sample" / "ladder_sample.csv"
 PNGS = ["tflops_vs_n.png", "ladder_n4096_d128.png", "hbm_bytes_vs_n.png", "roofline.png"]
 FP8_PNG = "fp8_vs_bf16.png"
+DECODE_PNG = "decode_vs_nk.png"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 README = f"# Title\n\nintro text\n\n{BEGIN}\nstale table\n{END}\n\nclosing text\n"
 
@@ -84,6 +85,25 @@ def main():
         check(run.returncode == 0, f"fp8 rows: plot.py exits 0 (stderr: {run.stderr.strip()[-500:]})")
         path = tmp / "fp8" / FP8_PNG
         check(path.is_file() and path.stat().st_size > 0, f"fp8 rows: {FP8_PNG} written and non-empty")
+
+        print("--decode CSV:")
+        check(not (out / DECODE_PNG).exists(), f"without --decode: no {DECODE_PNG}")
+        dec_rows = []  # decode-shaped rows made of a sample row: B in {1, 8}, Nq in {1, 4}, Nk 4k and 16k
+        cols = header.split(",")
+        base = dict(zip(cols, fa2[0].split(",")))
+        for rung in ("05_fa2_decode", "torch_cudnn"):
+            for b in (1, 8):
+                for nq in (1, 4):
+                    for nk in (4096, 16384):
+                        r = dict(base, rung=rung, B=b, H=32, Hkv=8, Nq=nq, Nk=nk, d=128, causal=0,
+                                 time_ms_median=1e-6 * nk * b * (2 if rung == "torch_cudnn" else 1))
+                        dec_rows.append(",".join(str(r[c]) for c in cols))
+        dec = tmp / "decode.csv"
+        dec.write_text("\n".join([header, *dec_rows]) + "\n")
+        run = plot(SAMPLE, "--out", tmp / "dec", "--decode", dec)
+        check(run.returncode == 0, f"decode rows: plot.py exits 0 (stderr: {run.stderr.strip()[-500:]})")
+        path = tmp / "dec" / DECODE_PNG
+        check(path.is_file() and path.stat().st_size > 0, f"decode rows: {DECODE_PNG} written and non-empty")
 
         print("header-only CSV:")
         empty = tmp / "empty.csv"
