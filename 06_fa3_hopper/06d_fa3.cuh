@@ -11,15 +11,19 @@
 //         wait for the P V; O_i *= alpha; P_ij -> operand
 //       O_i += P_i(T_c-1) V_(T_c-1)
 //
+//                             ptxas would hoist the P V's wait above the softmax; a
+//                             never-taken branch holds it below (hold_wait_below), and
+//                             scripts/sass_order.py checks the SASS (CTest: sass_order);
+//
 //   lazy rescaling            m_i moves only when a row's max grows by more than 2^8
 //                             (kRescaleLog2), so most blocks skip O_i *= alpha;
 //   max last (d <= 128)       blocks 1, 2, ... exponentiate against the running m_i and
-//                             take the block's max from P afterwards (settle_speculation);
+//                             take the block's max from P afterwards, only where a row sum
+//                             of P passes 2^8 (settle_speculation);
 //   persistent CTAs           one CTA per SM walks tiles from a counter (Schedule), its
 //                             producer loading the next tile while the consumers finish;
 //   per head dim              ping-pong only at d <= 128 (at d = 256 the P V GEMM
-//                             dominates and forced turns only add waiting, as in FA3); at
-//                             d = 256 the softmax is held under the P V (kSoftmaxUnderPv).
+//                             dominates and forced turns only add waiting, as in FA3).
 //
 // Ablations kept as hooks: kCtaPairs (06d_cta_pairs: clusters of two CTAs share each K/V
 // block by TMA multicast), rescale_log2 = -inf (06d_eager_rescale), Schedule::
@@ -43,13 +47,8 @@ struct Config {
   // Ping-pong where the softmax is a large share of the work (d <= 128): at d = 256 the P V
   // GEMM dominates and forced turns only add waiting (as FA3 does).
   static constexpr bool kPingpong = D <= 128;
-  // Hold the wait for the in-flight P V until the softmax is done (overlapped_blocks), so
-  // that the softmax really runs under it: faster at d = 256 only. At d = 128 with the
-  // ping-pong, ptxas then spills O and serializes the wgmma (C7512, set off by
-  // TurnTaking::finish's barrier after the tile loop).
-  static constexpr bool kSoftmaxUnderPv = D == 256;
   // The softmax of blocks 1, 2, ... exponentiates against the running max m_i and takes the
-  // block's max from P afterwards, off the softmax's critical path (settle_speculation): at
+  // block's max from P afterwards, where needed at all (settle_speculation): at
   // d <= 128, where each warpgroup's softmax sits between its own P V and its next GEMMs.
   static constexpr bool kSpeculativeMax = D <= 128;
   static constexpr bool kMayPairCtas = kCtaPairs;  // Schedule::persistent_cta_pairs compiled in
@@ -358,13 +357,14 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
 // block's row max first: ~90 dependent FMNMX and shuffles before the first exponential, on
 // the critical path from the warpgroup's P V landing to its next GEMMs. With lazy
 // rescaling the max almost never moves m_i, so the block is exponentiated against the
-// running max right away, P_ij = 2^(S_ij s_log2 - m_i), and the max of P_ij is taken as the
-// exponentials come out (FMNMX in the gaps of the MUFU stream). Only where a row's P
-// exceeds p_limit = 2^rescale_log2 (its max grew by more than the lazy rule allows) is
-// there more to do, and it is exact arithmetic: m_new = m_i + log2(max P_ij), then P_ij and
-// rowsum(P_ij) times 2^(m_i - m_new). A score past the running max by ~128 in log2 units
-// (less where several such keys add up) overflows P or its row sum to inf; then the warp
-// recomputes its scores from Q and K in global memory and takes online_softmax's path.
+// running max right away, P_ij = 2^(S_ij s_log2 - m_i), with its row sums. Only where a
+// row's P exceeds p_limit = 2^rescale_log2 (its max grew by more than the lazy rule allows)
+// is there more to do, and it is exact arithmetic: m_new = m_i + log2(max P_ij), then P_ij
+// and rowsum(P_ij) times 2^(m_i - m_new). The max of P is taken only where that may be so:
+// P >= 0, so a row sum <= p_limit bounds every P in it, and the common block takes no max
+// at all. A score past the running max by ~128 in log2 units (less where several such keys
+// add up) overflows P or its row sum to inf; then the warp recomputes its scores from Q
+// and K in global memory and takes online_softmax's path.
 // ---------------------------------------------------------------------------------------
 
 template <typename T>
@@ -374,7 +374,6 @@ struct Speculation {
   int wg_row0;
   float base[2];     // the exponent base of the block's P: m_i, or 0 for a row with no key yet
   float row_sum[2];  // this thread's part of rowsum(P_ij), against base
-  float p_max[2];    // this thread's max of P_ij
 };
 
 template <class Cfg, typename T>
@@ -384,14 +383,12 @@ __device__ void exps_against_running_max(float (&S)[Cfg::B_c / 2], const float (
   for (int slot = 0; slot < 2; ++slot) {
     sp.base[slot] = m[slot] == -INFINITY ? 0.f : m[slot];
     const float shift = -sp.base[slot];
-    float sum[2] = {0.f, 0.f}, mx[2] = {0.f, 0.f};  // two chains each, half as long
+    float sum[2] = {0.f, 0.f};  // two chains, half as long
     for_each_in_row<Cfg>(S, slot, [&](int n, float& s_ij) {  // online_softmax's exponentials
       s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
       sum[n % 2] += s_ij;
-      mx[n % 2] = fmaxf(mx[n % 2], s_ij);
     });
     sp.row_sum[slot] = sum[0] + sum[1];
-    sp.p_max[slot] = fmaxf(mx[0], mx[1]);
   }
 }
 
@@ -441,15 +438,16 @@ __device__ void recompute_scores(float (&S)[Cfg::B_c / 2], const Params<T>& p, c
 
 // After exps_against_running_max and the speculative to_operand: settle l_i, m_i and alpha
 // (as online_softmax leaves them); returns whether O_i must be rescaled by alpha (1 for a
-// row whose m_i stayed). Rows whose P stayed <= p_limit are done (one vote per warp).
+// row whose m_i stayed). Rows whose sum of P stayed <= p_limit are done (one vote per warp).
 template <class Cfg, int D, typename T>
 __device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4], float (&m)[2],
                                    float (&l)[2], float (&alpha)[2], const Speculation<T>& sp, int j) {
   const Params<T>& p = sp.p;
   // A row with no visible key yet (m_i = -inf) took base 0: any P > 0 must set its m_i.
-  const bool grew = sp.p_max[0] > (m[0] == -INFINITY ? 0.f : p.p_limit) ||
-                    sp.p_max[1] > (m[1] == -INFINITY ? 0.f : p.p_limit);
-  if (!__any_sync(0xffffffffu, grew)) {
+  // Elsewhere a P > p_limit must move m_i, and can only be where rowsum(P) > p_limit.
+  const bool may_have_grown = sp.row_sum[0] > (m[0] == -INFINITY ? 0.f : p.p_limit) ||
+                              sp.row_sum[1] > (m[1] == -INFINITY ? 0.f : p.p_limit);
+  if (!__any_sync(0xffffffffu, may_have_grown)) {
     l[0] += sp.row_sum[0];
     l[1] += sp.row_sum[1];
     return false;
@@ -467,7 +465,7 @@ __device__ bool settle_speculation(float (&S)[Cfg::B_c / 2], uint32_t (&P_op)[Cf
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
     // The row's max in the exponent's units (log2 of 0 is -inf: a row of masked keys).
-    const float m_blk = fmaxf(m[slot], sp.base[slot] + log2_approx(quad_max(sp.p_max[slot])));
+    const float m_blk = fmaxf(m[slot], sp.base[slot] + log2_approx(row_max<Cfg>(S, slot)));
     const bool moved = m_blk - m[slot] > p.rescale_log2;  // the same for the row's four threads
     float row_sum = sp.row_sum[slot];
     alpha[slot] = 1.f;
@@ -530,6 +528,19 @@ __device__ void qk_and_wait(float (&S)[Cfg::B_c / 2], Smem& s, const Params<T>& 
 // The software pipeline over one tile's K/V blocks (intra-warpgroup overlap).
 // ---------------------------------------------------------------------------------------
 
+// Keeps the wgmma wait that follows below the instructions that compute `after`: the
+// softmax's results (what they leave out may sink below the wait). ptxas schedules a wgmma
+// wait as early as its basic block allows, above the whole softmax it is meant to overlap,
+// so that every exponential ran after the P V; it does not hoist one above a branch. This
+// one ends the softmax's block on a warp vote that is never true (no float operation
+// yields the bits 0xffffffff; the GPU's NaN is 0x7fffffff). hopper.cuh's
+// fence_schedule_after branches to a trap instead: at d <= 128 ptxas then allocated the
+// loop within the launch bound's registers (168, d = 64: 128), not setmaxnreg's, spilled O
+// and serialized the wgmma (C7512).
+__device__ inline void hold_wait_below(float after) {
+  if (__any_sync(0xffffffffu, __float_as_uint(after) == 0xffffffffu)) asm volatile("nanosleep.u32 0;");
+}
+
 template <class Cfg, int D, typename T, class Smem>
 __device__ void overlapped_blocks(Smem& s, const Params<T>& p, const Tile& t, const TurnTaking<Cfg>& turn,
                                   int wg_row0, float (&O)[D / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4],
@@ -547,8 +558,8 @@ __device__ void overlapped_blocks(Smem& s, const Params<T>& p, const Tile& t, co
   for (int j = 1; j < t.n_blocks; ++j) {
     const Slot<Cfg> cur(t.kv0 + j), prev(t.kv0 + j - 1);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_begin);
-    // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1), meant to run during the softmax
-    // below (the P V only where the fence holds it there: kSoftmaxUnderPv).
+    // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1); the P V runs during the softmax
+    // below.
     mbarrier_wait(&s.k_full[cur.stage], cur.phase);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::k_ready);
     turn.wait_turn();
@@ -565,15 +576,16 @@ __device__ void overlapped_blocks(Smem& s, const Params<T>& p, const Tile& t, co
     release_kv<Cfg>(&s.k_empty[cur.stage], p);
     release_q_after(s, t, j);
     if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
+    // The softmax of S_ij, under the P V: it reads and writes S only (O_i and P_op belong
+    // to the wgmma until the wait), and the wait stays below its exponentials.
     bool rescale_o = false;
-    if constexpr (Cfg::kSpeculativeMax)
+    if constexpr (Cfg::kSpeculativeMax) {
       exps_against_running_max<Cfg>(S, m, p.scale_log2, sp);  // P against m_i, nothing settled yet
-    else
+      hold_wait_below(sp.row_sum[0] + sp.row_sum[1]);
+    } else {
       rescale_o = online_softmax<Cfg>(S, m, l, alpha, p.scale_log2, p.rescale_log2);
-    // ptxas schedules the wait below as early as it may, at the top of the softmax's basic
-    // block (so above the whole softmax), and the rest of the softmax then runs after the
-    // P V instead of under it; the fence keeps it first.
-    if constexpr (Cfg::kSoftmaxUnderPv) fence_schedule_after(l[0] + l[1]);
+      hold_wait_below(l[0] + l[1]);
+    }
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
     pin_registers(O);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::pv_landed);
