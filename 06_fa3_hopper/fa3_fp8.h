@@ -2,9 +2,11 @@
 // by stages.cu (registration, workspace, cost model) and the kernel instances.
 //
 // One launch = two steps on the stream:
-//   1. the quantization pre-kernel (fp8_quantize.cuh): bf16 Q, K, V -> e4m3 Q, K and
-//      Vᵀ (key-contiguous, so P V can use QGMMA) plus fp32 scales, into the workspace;
-//   2. the attention kernel (fp8_fa3.cuh): 06d's kernel on e4m3 tiles, bf16 O.
+//   1. the quantization pre-kernel (fp8_quantize.cuh): bf16 Q, K, V -> e4m3 Q̂, K̂, V̂ (rows,
+//      as they are stored) plus fp32 scales, into the workspace;
+//   2. the attention kernel (fp8_fa3.cuh): 06d's kernel on e4m3 tiles, bf16 O. Its producer
+//      transposes each V̂ block in shared memory (QGMMA reads V K-major only: V̂ᵀ).
+// The ablation 06_fp8_vt_hbm keeps the earlier split: the pre-kernel writes V̂ᵀ to HBM.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,10 +21,21 @@
 
 namespace attn::fa3 {
 
+// Where V̂ᵀ, the K-major B operand of the P V QGMMA, is made, and in which key order
+// (fp8_fa3.cuh: transpose_v, to_operand):
+//   in_kernel               the producer warpgroup turns each TMA-loaded V̂ block around in
+//                           shared memory, keys in order; P's registers are permuted across
+//                           each quad (byte permutes and shuffles) to match;
+//   in_kernel_keys_permuted the same transpose writes the keys in wgmma_key_position's order,
+//                           the order P's accumulator layout already has: no shuffle;
+//   in_hbm                  the pre-kernel writes V̂ᵀ to HBM in that order, read by TMA.
+enum class Fp8VPath { in_kernel, in_kernel_keys_permuted, in_hbm };
+
 // The two ideas of FA3 §3.3, each switchable for the ablation (FA3 Table 3).
 struct Fp8Options {
   bool block_scales = true;  // one scale per Q block (64 rows) and per K/V block (B_c rows); else one per tensor
   bool hadamard = true;      // incoherent processing: Q and K times the same random-sign Hadamard matrix
+  Fp8VPath v_path{};         // where V̂ᵀ is made (the ablations of fp8.md's "The layouts")
 };
 
 // The head dims with an FP8 kernel, kFp8HeadDims: fa3_head_dims.h, generated from
@@ -86,26 +99,30 @@ constexpr float hadamard_sign(int col) {
   return (h >> 31) ? -1.f : 1.f;
 }
 
-// Wgmma A-operand column -> key inside a group of 32 keys (fp8_quantize.cuh explains it):
-// key 8a + 2t + b (+16h) of V is stored at position 4t + 2a + b (+16h) of V̂ᵀ.
+// Wgmma A-operand column -> key inside a group of 32 keys, where V̂ᵀ's keys are permuted
+// (Fp8VPath::in_kernel_keys_permuted, in_hbm; fp8_fa3.cuh: to_operand): key 8a + 2t + b (+16h)
+// of V is stored at position 4t + 2a + b (+16h) of V̂ᵀ.
 constexpr int wgmma_key_position(int key) {
   const int half = key & 16, a = (key >> 3) & 1, t = (key >> 1) & 3, b = key & 1;
   return (key & ~31) | half | 4 * t | 2 * a | b;
 }
 
 // Where the pre-kernel puts its results in the Stage workspace. Each piece starts on a
-// 256-byte boundary (TMA wants 16).
+// 256-byte boundary (TMA wants 16). V̂ is stored as V is, [heads, Nk, d] (the attention
+// kernel transposes it), or with vt_in_hbm (Fp8VPath::in_hbm) as V̂ᵀ [heads, d, Nk padded].
 struct Fp8Workspace {
   int block_cols;               // B_c of head dim d: fp8_block_cols(d)
   int64_t q_blocks, kv_blocks;  // scale blocks per head: ceil(Nq / 64), ceil(Nk / B_c)
-  int64_t nk_padded;            // Vᵀ row length: Nk rounded up to whole B_c blocks
-  size_t q8, k8, vt8, q_scale, k_scale, v_scale, amax, unit_counter, total;  // byte offsets; total = size
+  int64_t nk_padded;            // V̂ᵀ row length: Nk rounded up to whole B_c blocks
+  size_t v8_bytes;              // V̂ or V̂ᵀ
+  size_t q8, k8, v8, q_scale, k_scale, v_scale, amax, unit_counter, total;  // byte offsets; total = size
 
-  explicit Fp8Workspace(const AttnProblem& p) {
+  explicit Fp8Workspace(const AttnProblem& p, bool vt_in_hbm = false) {
     block_cols = fp8_block_cols(p.d);
     q_blocks = (p.Nq + kFp8QBlockRows - 1) / kFp8QBlockRows;
     kv_blocks = (p.Nk + block_cols - 1) / block_cols;
     nk_padded = kv_blocks * block_cols;
+    v8_bytes = vt_in_hbm ? size_t(p.B) * p.Hkv * p.d * nk_padded : size_t(p.kv_elems());
     size_t at = 0;
     auto take = [&at](size_t bytes) {
       const size_t start = at;
@@ -114,7 +131,7 @@ struct Fp8Workspace {
     };
     q8 = take(size_t(p.q_elems()));
     k8 = take(size_t(p.kv_elems()));
-    vt8 = take(size_t(p.B) * p.Hkv * p.d * nk_padded);
+    v8 = take(v8_bytes);
     q_scale = take(sizeof(float) * p.B * p.H * q_blocks);
     k_scale = take(sizeof(float) * p.B * p.Hkv * kv_blocks);
     v_scale = take(sizeof(float) * p.B * p.Hkv * kv_blocks);
@@ -126,19 +143,20 @@ struct Fp8Workspace {
 
 // HBM bytes of the pre-kernel: reads bf16 Q, K, V (once with block scales: rows stay in
 // registers between a block's amax and its rounding; twice with per-tensor scales, whose
-// amax pass runs over the whole tensor first) and writes e4m3 Q, K, Vᵀ. Scales are
-// negligible.
+// amax pass runs over the whole tensor first) and writes e4m3 Q̂, K̂, V̂ (V̂ᵀ, padded, for
+// Fp8VPath::in_hbm). Scales are negligible.
 inline double fp8_quantize_bytes(const AttnProblem& p, const Fp8Options& opt) {
   const double reads = opt.block_scales ? 1 : 2;
   const double bf16_in = 2.0 * (p.q_elems() + 2 * p.kv_elems());
-  const double e4m3_out = double(p.q_elems()) + p.kv_elems() + double(p.B) * p.Hkv * p.d * Fp8Workspace(p).nk_padded;
+  const double e4m3_out = double(p.q_elems()) + p.kv_elems() +
+                          double(Fp8Workspace(p, opt.v_path == Fp8VPath::in_hbm).v8_bytes);
   return reads * bf16_in + e4m3_out;
 }
 
 // One instantiation per head dim in kFp8HeadDims: fp8_fa3.cu.in. launch_fp8 is the whole
 // Stage launch: launch_fp8_quantize (the pre-kernel) then launch_fp8_attention (the
-// attention kernel on the workspace the pre-kernel filled); bench/fp8_accuracy --time
-// times the two apart.
+// attention kernel on the workspace the pre-kernel filled; opt.v_path picks its variant,
+// launch_fp8_attention runs the default one); bench/fp8_accuracy --time times the two apart.
 template <int D>
 void launch_fp8(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, Schedule schedule,
                 cudaStream_t stream);

@@ -27,24 +27,14 @@
 
 namespace attn::fa3 {
 
-// The stage's workspace: V̂ᵀ (as Fp8Workspace's vt8) and the persistent schedule's unit
-// counter; Q̂ and K̂ are the caller's tensors, read in place.
+// The stage's workspace: only the persistent schedule's unit counter; Q8, K8 and V8 are the
+// caller's tensors, read in place.
 struct Fp8E4m3Workspace {
-  size_t vt8, unit_counter, total;  // byte offsets; total = size
-  explicit Fp8E4m3Workspace(const AttnProblem& p) {
-    const Fp8Workspace blocks(p);  // its sizes (B_c, blocks, Nk padded); not its offsets
-    vt8 = 0;
-    unit_counter = (size_t(p.B) * p.Hkv * p.d * blocks.nk_padded + 255) / 256 * 256;
-    total = unit_counter + sizeof(int);
-  }
+  size_t unit_counter, total;  // byte offsets; total = size
+  explicit Fp8E4m3Workspace(const AttnProblem&) : unit_counter(0), total(sizeof(int)) {}
 };
 
-// HBM bytes of the V̂ᵀ pre-kernel: reads V8, writes V̂ᵀ (padded to whole B_c blocks).
-inline double fp8_e4m3_transpose_bytes(const AttnProblem& p) {
-  return double(p.kv_elems()) + double(p.B) * p.Hkv * p.d * Fp8Workspace(p).nk_padded;
-}
-
-// The whole launch: V8 -> V̂ᵀ, then the attention kernel on Q8, K8, V̂ᵀ and the descales.
+// The whole launch: the attention kernel on Q8, K8, V8 and the descales.
 // One instantiation per head dim in kFp8HeadDims, in the FP8 instance files (fp8_fa3.cu.in),
 // beside the kernel it launches.
 template <int D>

@@ -10,13 +10,15 @@
 //                         spread over all d columns before rounding. O(d log d) per row:
 //                         log2(d) butterfly stages, the first log2(d/32) in registers
 //                         (1, 2 or 3 for d = 64, 128, 256), the last five across lanes;
-//   V transposed          Vᵀ [head][d][key], keys contiguous: QGMMA reads B K-major only.
-//                         Inside every 32 keys the order is permuted (wgmma_key_position)
-//                         so that P, as the fp32 accumulator of Q Kᵀ leaves it in registers,
-//                         is already the A operand of P V: the byte permutation of P that
-//                         FA3 does in registers is done here, once, on V's rows. V is
-//                         loaded as K is (whole rows, coalesced) and turned around in
-//                         shared memory.
+//   V                     rounded as K is, without the Hadamard transform, and stored as
+//                         rows: the attention kernel's producer transposes each block in
+//                         shared memory (fp8_fa3.cuh: transpose_v). For the ablation
+//                         06_fp8_vt_hbm (Fp8VPath::in_hbm) the pre-kernel writes V̂ᵀ instead,
+//                         [head][d][key], keys contiguous (QGMMA reads B K-major only), in
+//                         wgmma_key_position's order inside every 32 keys, so that P, as the
+//                         fp32 accumulator of Q Kᵀ leaves it in registers, is already the A
+//                         operand of P V. V is loaded as K is (whole rows, coalesced) and
+//                         turned around in shared memory.
 //   loads                 a block's bf16 rows are contiguous: one bulk copy brings them into
 //                         shared memory, two blocks ahead of the warps that transform them
 //                         (quantize_rows).
@@ -42,7 +44,7 @@ enum class QuantPass {
 
 struct QuantArgs {
   const __nv_bfloat16* src;  // [heads, N, D]
-  uint8_t* dst;              // e4m3 [heads, N, D]; for V: Vᵀ [heads, D, n_padded]
+  uint8_t* dst;              // e4m3 [heads, N, D]; for V̂ᵀ (Fp8VPath::in_hbm): [heads, D, n_padded]
   float* scale;              // [heads, blocks]: the dequantization scale of each block
   float* tensor_amax;        // one float: written by amax_only, read by tensor_amax
   int heads;                 // B * H (Q) or B * Hkv (K, V)
@@ -326,7 +328,8 @@ void launch_quantize_rows(const QuantArgs& a, QuantPass pass, bool beside_previo
   CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, a, pass));
 }
 
-// The whole pre-kernel: Q, K, V of `t` -> the workspace. Keys past Nk are zero in Vᵀ.
+// The whole pre-kernel: Q, K, V of `t` -> the workspace (ws laid out for opt.v_path). Keys
+// past Nk are zero in V̂ᵀ.
 template <int D>
 void quantize_inputs(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, const Fp8Workspace& ws,
                      cudaStream_t stream) {
@@ -341,13 +344,16 @@ void quantize_inputs(const AttnProblem& p, const AttnTensors& t, const Fp8Option
   // stages.cu refuses problems whose block counts pass INT_MAX.
   const QuantArgs q = args(t.q, ws.q8, ws.q_scale, 0, p.B * p.H, p.Nq, ws.q_blocks, opt.hadamard);
   const QuantArgs k = args(t.k, ws.k8, ws.k_scale, 1, p.B * p.Hkv, p.Nk, ws.kv_blocks, opt.hadamard);
-  const QuantArgs v = args(t.v, ws.vt8, ws.v_scale, 2, p.B * p.Hkv, p.Nk, ws.kv_blocks, false);
+  const QuantArgs v = args(t.v, ws.v8, ws.v_scale, 2, p.B * p.Hkv, p.Nk, ws.kv_blocks, false);
   constexpr int B_c = fp8_block_cols(D);
   // Q after whatever came before in the stream; K and V beside the tensor before them.
   auto run = [&](QuantPass pass) {
     launch_quantize_rows<D, kFp8QBlockRows, false>(q, pass, /*beside_previous=*/false, stream);
     launch_quantize_rows<D, B_c, false>(k, pass, /*beside_previous=*/true, stream);
-    launch_quantize_rows<D, B_c, true>(v, pass, /*beside_previous=*/true, stream);
+    if (opt.v_path == Fp8VPath::in_hbm)
+      launch_quantize_rows<D, B_c, true>(v, pass, /*beside_previous=*/true, stream);
+    else
+      launch_quantize_rows<D, B_c, false>(v, pass, /*beside_previous=*/true, stream);
   };
   if (opt.block_scales) {
     run(QuantPass::block_amax);

@@ -109,8 +109,9 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
   return s;
 }
 
-// The FP8 path (fa3_fp8.h): one kernel pair per head dim; the four stages differ only in
-// the pre-kernel's options (the ablation of FA3 Table 3).
+// The FP8 path (fa3_fp8.h): one pre-kernel and attention kernel per head dim; the stages
+// differ in the pre-kernel's options (the ablation of FA3 Table 3) and in where V̂ᵀ is made
+// (Fp8Options::v_path: the ablations of the in-kernel transpose).
 Stage fp8_stage(std::string name, std::string prev, std::string summary, fa3::Fp8Options opt) {
   Stage s;
   s.name = std::move(name);
@@ -122,14 +123,15 @@ Stage fp8_stage(std::string name, std::string prev, std::string summary, fa3::Fp
   s.gqa = true;
   s.writes_lse = true;
   s.compute_bound = true;
-  s.refuse = [](const AttnProblem& p) -> std::string {
+  const bool vt_in_hbm = opt.v_path == fa3::Fp8VPath::in_hbm;
+  s.refuse = [vt_in_hbm](const AttnProblem& p) -> std::string {
     const fa3::Fp8Workspace ws(p);  // the pre-kernel numbers the scale blocks of Q, K or V with an int
     const long long blocks = std::max(ws.q_blocks * p.B * p.H, ws.kv_blocks * p.B * p.Hkv);
     if (blocks > INT_MAX) return "needs " + std::to_string(blocks) + " scale blocks; the pre-kernel counts at most 2^31 - 1";
-    if (ws.nk_padded * p.d > INT_MAX) return "Nk too long for the transposed V tensor map";
+    if (vt_in_hbm && ws.nk_padded * p.d > INT_MAX) return "Nk too long for the transposed V tensor map";
     return "";
   };
-  s.workspace_bytes = [](const AttnProblem& p) { return fa3::Fp8Workspace(p).total; };
+  s.workspace_bytes = [vt_in_hbm](const AttnProblem& p) { return fa3::Fp8Workspace(p, vt_in_hbm).total; };
   s.launch = [opt](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
     fa3::fp8_launch_for(p.d)(p, t, opt, Schedule::persistent, stream);
   };
@@ -143,7 +145,7 @@ Stage fp8_stage(std::string name, std::string prev, std::string summary, fa3::Fp
 }
 
 // The FP8 attention kernel on the caller's e4m3 Q, K, V and descales (fa3_fp8_e4m3.h): the
-// refusals of fp8_stage, no quantization; the pre-kernel only transposes V.
+// refusals of fp8_stage, no pre-kernel (the kernel transposes V itself).
 Stage fp8_e4m3_stage() {
   Stage s = fp8_stage("06_fp8_e4m3", "06_fp8_no_hadamard",
                       "FP8 on the caller's e4m3 Q, K, V and block descales (FA3's interface)",
@@ -154,8 +156,7 @@ Stage fp8_e4m3_stage() {
     fa3::fp8_e4m3_launch_for(p.d)(p, t, Schedule::persistent, stream);
   };
   s.model_hbm_bytes = [](const AttnProblem& p) {
-    return hbm::fa2_bytes(p, fa3::fp8_block_rows(p.d), fa3::fp8_block_cols(p.d)) + double(p.o_elems()) +
-           fa3::fp8_e4m3_transpose_bytes(p);
+    return hbm::fa2_bytes(p, fa3::fp8_block_rows(p.d), fa3::fp8_block_cols(p.d)) + double(p.o_elems());
   };
   s.descale_blocks = [](const AttnProblem& p) { return DescaleBlocks{fa3::kFp8QBlockRows, fa3::fp8_block_cols(p.d)}; };
   return s;
@@ -239,6 +240,14 @@ std::vector<Stage> fa3_stages() {
                 {/*block_scales=*/false, /*hadamard=*/true}),
       fp8_stage("06_fp8_per_tensor", "06_fp8", "FP8 baseline: one scale per tensor, no Hadamard",
                 {/*block_scales=*/false, /*hadamard=*/false}),
+      // Ablations of the in-kernel V transpose: V̂ᵀ's keys in the order P's accumulator has
+      // (no register permute, FA3's path for row-major V), and V̂ᵀ made by the pre-kernel.
+      fp8_stage("06_fp8_keys_permuted", "06_fp8",
+                "FP8 ablation: V transposed in the kernel with its keys permuted, so P needs no shuffle",
+                {/*block_scales=*/true, /*hadamard=*/true, fa3::Fp8VPath::in_kernel_keys_permuted}),
+      fp8_stage("06_fp8_vt_hbm", "06_fp8",
+                "FP8 ablation: V transposed by the pre-kernel, through HBM (keys permuted, no shuffle)",
+                {/*block_scales=*/true, /*hadamard=*/true, fa3::Fp8VPath::in_hbm}),
       // The caller quantized: e4m3 inputs with their block descales, as FA3's interface takes.
       fp8_e4m3_stage(),
   };
