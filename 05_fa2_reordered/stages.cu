@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "05_fa2_reordered/fa2_ablation_tiles.h"
+#include "05_fa2_reordered/fa2_backward.h"
 #include "05_fa2_reordered/fa2_decode.h"
 #include "common/hbm_model.h"
 
@@ -153,6 +154,30 @@ Stage decode_stage(const Stage& fa2) {
   return s;
 }
 
+// The backward (fa2_backward.cuh), on the main stage only.
+using BackwardDims = HeadDims<FA2_BACKWARD_HEAD_DIMS>;
+
+void launch_backward_stage(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
+  dispatch(p, BackwardDims{}, [&](auto element, auto d) {
+    fa2::launch_fa2_backward<decltype(element), decltype(d)::value>(p, t, stream);
+  });
+}
+
+void add_backward(Stage& s) {
+  s.backward_head_dims = BackwardDims::list();
+  if (s.backward_head_dims.empty()) return;  // a lab build compiles no backward
+  s.backward_refuse = [](const AttnProblem& p) -> std::string {
+    const int keys = p.d <= 64 ? fa2::BwdTileFor<64>::kKeys : fa2::BwdTileFor<128>::kKeys;
+    const int64_t ctas = fa2::bwd_ctas(p, keys);
+    if (ctas > INT_MAX)
+      return "ceil(Nk / B_c) * B * Hkv = " + std::to_string(ctas) + " thread blocks exceeds the grid limit " +
+             std::to_string(INT_MAX);
+    return "";
+  };
+  s.backward_workspace_bytes = fa2::bwd_workspace_bytes;
+  s.launch_backward = launch_backward_stage;
+}
+
 }  // namespace
 
 std::vector<Stage> fa2_stages() {
@@ -193,7 +218,9 @@ std::vector<Stage> fa2_stages() {
   eager.prev = "05_fa2_reordered";
   eager.summary = "05 rescaling O_i after every K/V block (no lazy rescaling), as FA2";
   eager.launch = launch_fa2_stage</*kEagerRescale=*/true>;
-  return {fa2, no_delay, one_cta, split_kv, prefetch, eager, padded, decode_stage(fa2)};
+  std::vector<Stage> stages = {fa2, no_delay, one_cta, split_kv, prefetch, eager, padded, decode_stage(fa2)};
+  add_backward(stages.front());  // the copies above (ablations, decode) stay forward only
+  return stages;
 }
 
 }  // namespace attn

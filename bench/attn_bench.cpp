@@ -39,6 +39,9 @@ const char* kUsage = R"(usage: attn_bench [options]
   --timing MODE       flushed: each run alone after an L2 flush; isolated: alone, no flush;
                       back-to-back: runs queued together          [default flushed]
   --check             fp64 reference check (full or 64 sampled rows per head)
+  --backward          time the rungs' backward passes (dQ, dK, dV from dO; forward-only rungs
+                      are listed and skipped); FLOPs = 2.5x the forward's, CSV rung <name>_bwd;
+                      --check compares dQ, dK, dV with fp64 up to 4e9 multiply-adds
   --measure-bytes     measured DRAM bytes through CUPTI (needs profiling permission)
   --no-ceilings       skip the copy-bandwidth and GEMM ceilings
   --csv FILE          write rows as CSV       --json FILE   write rows as JSON
@@ -128,6 +131,7 @@ Args parse(int argc, char** argv) {
       if (!parse_timing_mode(value(), &a.opt.timing)) usage_error("--timing expects flushed, isolated or back-to-back");
     }
     else if (f == "--check") a.opt.check_ref = true;
+    else if (f == "--backward") a.opt.backward = true;
     else if (f == "--measure-bytes") a.opt.measure_bytes = true;
     else if (f == "--no-ceilings") a.ceilings = false;
     else if (f == "--csv") a.csv = value();
@@ -265,7 +269,8 @@ int main(int argc, char** argv) {
         std::snprintf(buf, sizeof buf, f, x);
         return x < 0 ? std::string("-") : std::string(buf);
       };
-      std::printf("%-22s %-34s %9.3f %8.1f %7s %9s %9s%s\n", r.rung.c_str(), prob.str().c_str(), r.t.median_ms, r.tflops,
+      const std::string rung = r.backward ? r.rung + " bwd" : r.rung;
+      std::printf("%-22s %-34s %9.3f %8.1f %7s %9s %9s%s\n", rung.c_str(), prob.str().c_str(), r.t.median_ms, r.tflops,
                   opt(percent_of_ceiling(s, r), "%.1f").c_str(), opt(r.err_vs_ref, "%.2e").c_str(),
                   opt(r.err_vs_prev, "%.2e").c_str(), bad ? "  FAIL" : "");
     }

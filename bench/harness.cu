@@ -120,6 +120,61 @@ RungOutput run_rung(const Stage& s, const ProblemInputs& in, cudaStream_t stream
   return out;
 }
 
+GradInput::GradInput(const AttnProblem& p, uint64_t seed, Fill dist, float mean, float stddev, cudaStream_t stream,
+                     bool keep_host)
+    : dout(p.o_elems() * dtype_bytes(storage_dtype(p.dtype))) {
+  fill_random(dout.get(), p.o_elems(), storage_dtype(p.dtype), seed, dist, mean, stddev, stream);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (keep_host) {
+    const std::vector<double> d = download_as_double(dout.get(), p.o_elems(), storage_dtype(p.dtype));
+    host.assign(d.begin(), d.end());
+  }
+}
+
+AttnBwdTensors RungGrads::tensors(const ProblemInputs& in, const GradInput& g) const {
+  AttnBwdTensors t;
+  t.q = in.q.get();
+  t.k = in.k.get();
+  t.v = in.v.get();
+  t.o = forward.o.get();
+  t.lse = forward.lse.as<float>();
+  t.dout = g.dout.get();
+  t.dq = dq.get();
+  t.dk = dk.get();
+  t.dv = dv.get();
+  t.workspace = workspace.get();
+  t.workspace_bytes = workspace.bytes();
+  return t;
+}
+
+RungGrads run_rung_backward(const Stage& s, const ProblemInputs& in, const GradInput& g, cudaStream_t stream) {
+  const AttnProblem& p = in.p;
+  validate_backward_problem(s, p);
+  validate_device(s);
+  const size_t elem = dtype_bytes(storage_dtype(p.dtype)), ws = s.backward_workspace(p);
+  require_device_memory(ws + (p.q_elems() + 2 * p.kv_elems()) * elem, s.name + " backward (dQ, dK, dV + workspace)");
+  RungGrads out;
+  out.forward = run_rung(s, in, stream);
+  out.dq = DeviceBuffer(p.q_elems() * elem);
+  out.dk = DeviceBuffer(p.kv_elems() * elem);
+  out.dv = DeviceBuffer(p.kv_elems() * elem);
+  out.workspace = DeviceBuffer(ws);
+  for (const DeviceBuffer* b : {&out.dq, &out.dk, &out.dv, &out.workspace})
+    if (b->bytes()) fill_poison(b->get(), b->bytes(), stream);
+  run_backward(s, p, out.tensors(in, g), stream);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+std::vector<double> download_as_double(const void* src, int64_t n, DType t) {
+  std::vector<uint16_t> raw(n);
+  CUDA_CHECK(cudaMemcpy(raw.data(), src, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  const bool bf16 = storage_dtype(t) == DType::bf16;
+  std::vector<double> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? bf16_to_float(raw[i]) : fp16_to_float(raw[i]);
+  return out;
+}
+
 std::vector<double> gather_o_rows(const RungOutput& out, const AttnProblem& p, const std::vector<RowIndex>& rows) {
   // One copy of all of O (a row at a time costs a transfer per row: thousands per problem).
   std::vector<uint16_t> raw(p.o_elems());
@@ -276,6 +331,7 @@ std::string fmt(double x, const char* f = "%.3g") {
 
 std::vector<Row> Harness::run_problem(const AttnProblem& p, const std::vector<const Stage*>& stages,
                                       const std::function<void(const std::string&)>& log) {
+  if (opt_.backward) return run_problem_backward(p, stages, log);
   ProblemInputs in(p, opt_.seed, opt_.fill, opt_.mean, opt_.stddev, stream_, opt_.check_ref);
   std::vector<RowIndex> ref_rows;
   ReferenceRows ref;
@@ -355,6 +411,94 @@ std::vector<Row> Harness::run_problem(const AttnProblem& p, const std::vector<co
   return rows;
 }
 
+// The backward counterpart of run_problem: each rung's own forward gives O and lse, then its
+// backward runs on the same dO; checked for unwritten or non-finite gradients, against the
+// rung below that has a backward (chain) and, for problems up to full_ref_macs, against
+// reference_backward (sampling rows does not apply: every key's dK, dV sums all query rows).
+std::vector<Row> Harness::run_problem_backward(const AttnProblem& p, const std::vector<const Stage*>& stages,
+                                               const std::function<void(const std::string&)>& log) {
+  const bool check_ref = opt_.check_ref && double(p.B) * p.H * p.Nq * double(p.Nk) * p.d <= opt_.full_ref_macs;
+  if (opt_.check_ref && !check_ref)
+    log("  fp64 check of the backward skipped: more than " + fmt(opt_.full_ref_macs) + " multiply-adds");
+  ProblemInputs in(p, opt_.seed, opt_.fill, opt_.mean, opt_.stddev, stream_, check_ref);
+  GradInput g(p, opt_.seed + 3, opt_.fill, opt_.mean, opt_.stddev, stream_, check_ref);
+  const DType t = storage_dtype(p.dtype);
+  ReferenceGrads ref;
+  bool ref_ready = false;
+  std::map<std::string, RungGrads> outputs;  // dQ, dK, dV per rung, for the chain check
+  std::vector<Row> rows;
+
+  for (const Stage* s : stages) {
+    if (!s->has_backward()) {
+      log("  " + s->name + ": no backward pass (forward only)");
+      continue;
+    }
+    RungGrads out;
+    try {
+      out = run_rung_backward(*s, in, g, stream_);
+    } catch (const AttnError& e) {
+      log("  refused: " + std::string(e.what()));
+      continue;
+    }
+    Row r;
+    r.gpu = gpu_;
+    r.rung = s->name;
+    r.backward = true;
+    r.git_sha = git_sha();
+    r.p = p;
+    r.ceilings = ceilings_;
+    r.model_flops = 2.5 * hbm::flops(p);
+
+    const int64_t bad = count_nonfinite(out.dq.get(), p.q_elems(), t, stream_) +
+                        count_nonfinite(out.dk.get(), p.kv_elems(), t, stream_) +
+                        count_nonfinite(out.dv.get(), p.kv_elems(), t, stream_);
+    if (bad) r.note = std::to_string(bad) + " non-finite or unwritten gradients";
+    for (std::string below = s->prev; !below.empty(); below = find_stage(below).prev)
+      if (outputs.count(below)) {
+        const RungGrads& o = outputs[below];
+        r.prev_rung = below;
+        r.err_vs_prev = std::max({rel_frobenius_device(out.dq.get(), o.dq.get(), p.q_elems(), t, stream_),
+                                  rel_frobenius_device(out.dk.get(), o.dk.get(), p.kv_elems(), t, stream_),
+                                  rel_frobenius_device(out.dv.get(), o.dv.get(), p.kv_elems(), t, stream_)});
+        break;
+      }
+    std::string ref_errors;
+    if (check_ref) {
+      if (!ref_ready) {
+        ref = reference_backward(p, in.host, g.host);
+        ref_ready = true;
+      }
+      const double e_dq = rel_frobenius(download_as_double(out.dq.get(), p.q_elems(), t), ref.dq);
+      const double e_dk = rel_frobenius(download_as_double(out.dk.get(), p.kv_elems(), t), ref.dk);
+      const double e_dv = rel_frobenius(download_as_double(out.dv.get(), p.kv_elems(), t), ref.dv);
+      r.err_vs_ref = std::max({e_dq, e_dk, e_dv});
+      ref_errors = "  (dQ " + fmt(e_dq, "%.1e") + ", dK " + fmt(e_dk, "%.1e") + ", dV " + fmt(e_dv, "%.1e") + ")";
+    }
+
+    const AttnBwdTensors bt = out.tensors(in, g);
+    auto launch = [&] { s->launch_backward(p, bt, stream_); };
+    r.t = time_launch(launch, *flusher_, stream_, opt_.warmup, opt_.repeats, opt_.max_seconds_per_rung,
+                      opt_.warm_seconds, opt_.timing);
+    r.tflops = r.model_flops / (r.t.median_ms * 1e-3) / 1e12;
+    if (counter_ && counter_->available()) r.measured = counter_->measure(launch, stream_);
+
+    std::string line = "  " + s->name + " backward: " + fmt(r.t.median_ms, "%.3f") + " ms  " +
+                       fmt(r.tflops, "%.1f") + " TFLOPS";
+    if (r.err_vs_ref >= 0) line += "  err_ref " + fmt(r.err_vs_ref, "%.2e") + ref_errors;
+    if (r.err_vs_prev >= 0) line += "  err_vs_" + r.prev_rung + " " + fmt(r.err_vs_prev, "%.2e");
+    if (r.measured.measured())
+      line += "  dram " + fmt(r.measured.read / 1e9, "%.3f") + "+" + fmt(r.measured.write / 1e9, "%.3f") + " GB";
+    if (!r.note.empty()) line += "  !! " + r.note;
+    log(line);
+    rows.push_back(r);
+
+    out.forward = RungOutput();  // keep only the gradients for the chain
+    out.workspace = DeviceBuffer();
+    outputs.emplace(s->name, std::move(out));
+  }
+  return rows;
+}
+
 // ---------------------------------------------------------------- naming and output
 
 std::string gpu_slug(const std::string& device_name) {
@@ -375,6 +519,10 @@ const char* git_sha() { return ATTN_GIT_SHA; }
 
 namespace {
 std::string cell(double x) { return x < 0 ? "" : fmt(x, "%.6g"); }
+// The rung as the CSV names it: a backward row's is <name>_bwd.
+std::string row_rung(const Row& r, const std::string& name) {
+  return name.empty() || !r.backward ? name : name + "_bwd";
+}
 }  // namespace
 
 void write_csv_header(std::ostream& os) {
@@ -385,11 +533,12 @@ void write_csv_header(std::ostream& os) {
 
 void write_csv_row(std::ostream& os, const Row& r) {
   const AttnProblem& p = r.p;
-  os << r.gpu << ',' << r.rung << ',' << dtype_name(p.dtype) << ',' << p.B << ',' << p.H << ',' << p.Hkv << ','
+  os << r.gpu << ',' << row_rung(r, r.rung) << ',' << dtype_name(p.dtype) << ',' << p.B << ',' << p.H << ',' << p.Hkv << ','
      << p.Nq << ',' << p.Nk << ',' << p.d << ',' << int(p.causal) << ',' << cell(r.t.median_ms) << ','
      << cell(r.t.min_ms) << ',' << cell(r.t.max_ms) << ',' << cell(r.tflops) << ',' << cell(r.model_flops) << ','
      << cell(r.model_hbm_bytes) << ',' << cell(r.measured.read) << ',' << cell(r.measured.write) << ','
-     << cell(r.err_vs_prev) << ',' << cell(r.err_vs_ref) << ',' << r.prev_rung << ',' << cell(r.softmax_ms) << ','
+     << cell(r.err_vs_prev) << ',' << cell(r.err_vs_ref) << ',' << row_rung(r, r.prev_rung) << ','
+     << cell(r.softmax_ms) << ','
      << cell(r.softmax_model_bytes) << ',' << cell(r.ceilings.copy_gbps > 0 ? r.ceilings.copy_gbps : -1) << ','
      << cell(r.ceilings.gemm_tflops > 0 ? r.ceilings.gemm_tflops : -1) << ',' << r.git_sha << '\n';
 }
@@ -400,7 +549,8 @@ void write_json(std::ostream& os, const std::vector<Row>& rows) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const AttnProblem& p = r.p;
-    os << "  {\"gpu\": \"" << r.gpu << "\", \"rung\": \"" << r.rung << "\", \"dtype\": \"" << dtype_name(p.dtype)
+    os << "  {\"gpu\": \"" << r.gpu << "\", \"rung\": \"" << row_rung(r, r.rung) << "\", \"dtype\": \""
+       << dtype_name(p.dtype)
        << "\", \"B\": " << p.B << ", \"H\": " << p.H << ", \"Hkv\": " << p.Hkv << ", \"Nq\": " << p.Nq
        << ", \"Nk\": " << p.Nk << ", \"d\": " << p.d << ", \"causal\": " << int(p.causal)
        << ", \"time_ms_median\": " << num(r.t.median_ms) << ", \"time_ms_min\": " << num(r.t.min_ms)
@@ -408,7 +558,7 @@ void write_json(std::ostream& os, const std::vector<Row>& rows) {
        << ", \"model_flops\": " << num(r.model_flops) << ", \"model_hbm_bytes\": " << num(r.model_hbm_bytes)
        << ", \"measured_read_bytes\": " << num(r.measured.read)
        << ", \"measured_write_bytes\": " << num(r.measured.write) << ", \"err_vs_prev\": " << num(r.err_vs_prev)
-       << ", \"err_vs_ref\": " << num(r.err_vs_ref) << ", \"prev_rung\": \"" << r.prev_rung
+       << ", \"err_vs_ref\": " << num(r.err_vs_ref) << ", \"prev_rung\": \"" << row_rung(r, r.prev_rung)
        << "\", \"softmax_ms\": " << num(r.softmax_ms) << ", \"softmax_model_bytes\": " << num(r.softmax_model_bytes)
        << ", \"ceiling_copy_gbps\": " << num(r.ceilings.copy_gbps > 0 ? r.ceilings.copy_gbps : -1)
        << ", \"ceiling_gemm_tflops\": " << num(r.ceilings.gemm_tflops > 0 ? r.ceilings.gemm_tflops : -1)

@@ -17,6 +17,7 @@
 #include "common/device_buffer.h"
 #include "common/hbm_counter.h"
 #include "common/reference.h"
+#include "common/reference_backward.h"
 #include "ladder/registry.h"
 
 namespace attn {
@@ -44,6 +45,32 @@ struct RungOutput {
 // Validates, checks free memory for the workspace, allocates, poisons O and lse, runs the
 // rung once and synchronizes. Throws AttnError on a refusal, CudaError on a CUDA failure.
 RungOutput run_rung(const Stage& s, const ProblemInputs& in, cudaStream_t stream);
+
+// ---- The backward pass (Stage::launch_backward; attn_bench --backward, the GPU tests).
+
+// dO = dL/dO on the device, seeded as the inputs are, and its float copy on the host when
+// asked for (for reference_backward).
+struct GradInput {
+  GradInput(const AttnProblem& p, uint64_t seed, Fill dist, float mean, float stddev, cudaStream_t stream,
+            bool keep_host);
+  DeviceBuffer dout;
+  std::vector<float> host;  // empty unless keep_host
+};
+
+// One rung's backward on one problem: its own forward's O and lse, then dQ, dK, dV.
+struct RungGrads {
+  RungOutput forward;
+  DeviceBuffer dq, dk, dv, workspace;
+  AttnBwdTensors tensors(const ProblemInputs& in, const GradInput& g) const;
+};
+
+// validate_backward_problem; runs the rung's forward (run_rung) for O and lse; poisons dQ,
+// dK, dV and the backward workspace; runs the backward once and synchronizes. Throws
+// AttnError on a refusal (a forward-only rung: "no backward pass"), CudaError on a failure.
+RungGrads run_rung_backward(const Stage& s, const ProblemInputs& in, const GradInput& g, cudaStream_t stream);
+
+// n elements of dtype t (bf16 or fp16) on the device, as double on the host.
+std::vector<double> download_as_double(const void* src, int64_t n, DType t);
 
 // O rows (as double) and lse values of `rows`, copied from the device.
 std::vector<double> gather_o_rows(const RungOutput& out, const AttnProblem& p, const std::vector<RowIndex>& rows);
@@ -94,6 +121,10 @@ struct Row {
   double err_vs_prev = -1, err_vs_ref = -1, max_abs_vs_ref = -1;
   double softmax_ms = -1, softmax_model_bytes = -1;
   Ceilings ceilings;
+  // A backward row: the time of launch_backward alone, model_flops 2.5x the forward's (the
+  // FlashAttention papers' convention), errors the largest of dQ's, dK's and dV's. The CSV
+  // names its rung <name>_bwd (and its prev_rung so).
+  bool backward = false;
 };
 
 struct HarnessOptions {
@@ -109,6 +140,7 @@ struct HarnessOptions {
   uint64_t seed = 2024;
   Fill fill = Fill::normal;
   float mean = 0.f, stddev = 1.f;
+  bool backward = false;  // run_problem times the rungs' backward passes instead (forward-only rungs: a log line)
 };
 
 class Harness {
@@ -124,6 +156,8 @@ class Harness {
                                const std::function<void(const std::string&)>& log);
 
  private:
+  std::vector<Row> run_problem_backward(const AttnProblem& p, const std::vector<const Stage*>& stages,
+                                        const std::function<void(const std::string&)>& log);
   HarnessOptions opt_;
   cudaStream_t stream_ = nullptr;
   std::string gpu_;

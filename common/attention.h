@@ -73,4 +73,26 @@ struct AttnTensors {
   const float* v_descale = nullptr;  // [B, Hkv, ceil(Nk / kv_rows)]
 };
 
+// The backward pass (Stage::launch_backward): given dO = dL/dO, the gradients of Q, K, V.
+// With P = softmax(scale · Q Kᵀ + mask) recomputed from Q, K and the forward's lse:
+//
+//   dV = Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D) with D = rowsum(dO ∘ O),
+//   dQ = scale · dS K,   dK = scale · dSᵀ Q
+//
+// GQA: dK and dV of key/value head g sum the contributions of the query heads that read it.
+// A query row that sees no key (lse = -inf) contributes nothing and gets dQ = 0.
+struct AttnBwdTensors {
+  const void* q = nullptr;     // [B, H,   Nq, d]
+  const void* k = nullptr;     // [B, Hkv, Nk, d]
+  const void* v = nullptr;     // [B, Hkv, Nk, d]
+  const void* o = nullptr;     // [B, H,   Nq, d]  the forward's output
+  const void* dout = nullptr;  // [B, H,   Nq, d]  dL/dO
+  const float* lse = nullptr;  // [B, H, Nq] the forward's logsumexp (fp32, natural log)
+  void* dq = nullptr;          // [B, H,   Nq, d]
+  void* dk = nullptr;          // [B, Hkv, Nk, d]
+  void* dv = nullptr;          // [B, Hkv, Nk, d]  (all seven in the problem's dtype: bf16 or fp16)
+  void* workspace = nullptr;   // device scratch of Stage::backward_workspace(problem)
+  size_t workspace_bytes = 0;
+};
+
 }  // namespace attn

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "common/check.h"
 
@@ -89,6 +90,38 @@ void run_stage(const Stage& s, const AttnProblem& p, const AttnTensors& t, cudaS
   validate_tensors(s, p, t);
   validate_device(s);
   s.launch(p, t, stream);
+  CUDA_CHECK_LAUNCH();
+}
+
+void validate_backward_problem(const Stage& s, const AttnProblem& p) {
+  if (!s.has_backward()) throw AttnError(s.name + ": no backward pass (this rung is forward only)");
+  validate_problem(s, p);
+  auto fail = [&](const std::string& why) { throw AttnError(s.name + " backward: " + why + " [" + p.describe() + "]"); };
+  if (std::find(s.backward_head_dims.begin(), s.backward_head_dims.end(), p.d) == s.backward_head_dims.end())
+    fail("head dim d = " + std::to_string(p.d) + " is not supported (supported: " + join(s.backward_head_dims) + ")");
+  if (s.backward_refuse) {
+    std::string why = s.backward_refuse(p);
+    if (!why.empty()) fail(why);
+  }
+}
+
+void validate_backward_tensors(const Stage& s, const AttnProblem& p, const AttnBwdTensors& t) {
+  auto fail = [&](const std::string& why) { throw AttnError(s.name + " backward: " + why); };
+  const std::pair<const void*, const char*> required[] = {{t.q, "Q"},     {t.k, "K"},   {t.v, "V"},
+                                                         {t.o, "O"},     {t.dout, "dO"}, {t.lse, "lse"},
+                                                         {t.dq, "dQ"},   {t.dk, "dK"}, {t.dv, "dV"}};
+  for (const auto& [ptr, name] : required)
+    if (!ptr) fail(std::string(name) + " is a null pointer");
+  size_t need = s.backward_workspace(p);
+  if (need > 0 && (!t.workspace || t.workspace_bytes < need))
+    fail("needs a workspace of " + std::to_string(need) + " bytes, got " + std::to_string(t.workspace_bytes));
+}
+
+void run_backward(const Stage& s, const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
+  validate_backward_problem(s, p);
+  validate_backward_tensors(s, p, t);
+  validate_device(s);
+  s.launch_backward(p, t, stream);
   CUDA_CHECK_LAUNCH();
 }
 

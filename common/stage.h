@@ -53,8 +53,20 @@ struct Stage {
   std::function<double(const AttnProblem&)> softmax_model_bytes;
   // Rungs taking e4m3 inputs (DType::e4m3): the block layout of their descales.
   std::function<DescaleBlocks(const AttnProblem&)> descale_blocks;
+  // Optional: the backward pass (AttnBwdTensors), on the forward's dtypes. A rung without
+  // launch_backward is forward only, and run_backward refuses it saying so. Its head dims,
+  // a limit beyond the forward's refuse (as refuse: "" if fine), the device scratch it
+  // needs (fp32 dQ accumulators, D), and the launch (called only after validation).
+  std::vector<int> backward_head_dims;
+  std::function<std::string(const AttnProblem&)> backward_refuse;
+  std::function<size_t(const AttnProblem&)> backward_workspace_bytes;
+  std::function<void(const AttnProblem&, const AttnBwdTensors&, cudaStream_t)> launch_backward;
 
   size_t workspace(const AttnProblem& p) const { return workspace_bytes ? workspace_bytes(p) : 0; }
+  bool has_backward() const { return bool(launch_backward); }
+  size_t backward_workspace(const AttnProblem& p) const {
+    return backward_workspace_bytes ? backward_workspace_bytes(p) : 0;
+  }
   bool supports(DType t) const;
   bool supports_head_dim(int d) const;
 };
@@ -71,5 +83,14 @@ void require_device_memory(size_t bytes, const std::string& what);
 
 // All three validations, then launch, then a launch-error check. The one way to run a rung.
 void run_stage(const Stage& s, const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
+
+// The rung has a backward pass ("no backward pass" otherwise), validate_problem, its
+// backward head dims and backward_refuse. Throws AttnError.
+void validate_backward_problem(const Stage& s, const AttnProblem& p);
+// Non-null q, k, v, o, dout, lse, dq, dk, dv; workspace large enough. Throws AttnError.
+void validate_backward_tensors(const Stage& s, const AttnProblem& p, const AttnBwdTensors& t);
+// The backward's validations and validate_device, then launch_backward, then a launch-error
+// check. The one way to run a rung's backward pass.
+void run_backward(const Stage& s, const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
 
 }  // namespace attn

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/check.h"
 #include "ladder/registry.h"
@@ -192,5 +193,57 @@ extern "C" int attn_run_fp8_async(const char* rung, const attn_problem_t* cp, co
     t.k_descale = k_descale;
     t.v_descale = v_descale;
     attn::run_stage(*s, p, t, static_cast<cudaStream_t>(stream));
+  }, err, err_len);
+}
+
+extern "C" int attn_backward_info(const char* rung, int* head_dims, int* num_head_dims, char* err, size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!head_dims || !num_head_dims) throw attn::AttnError("head_dims or num_head_dims is a null pointer");
+    const std::vector<int> dims = s->has_backward() ? s->backward_head_dims : std::vector<int>{};
+    if (dims.size() > ATTN_MAX_HEAD_DIMS) throw attn::AttnError("more head dims than ATTN_MAX_HEAD_DIMS");
+    for (size_t i = 0; i < dims.size(); ++i) head_dims[i] = dims[i];
+    *num_head_dims = int(dims.size());
+  }, err, err_len);
+}
+
+extern "C" int attn_backward_workspace_bytes(const char* rung, const attn_problem_t* cp, size_t* bytes, char* err,
+                                             size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    if (!bytes) throw attn::AttnError("bytes is a null pointer");
+    const attn::AttnProblem p = to_problem(*cp);
+    attn::validate_backward_problem(*s, p);
+    *bytes = s->backward_workspace(p);
+  }, err, err_len);
+}
+
+extern "C" int attn_run_backward_async(const char* rung, const attn_problem_t* cp, const void* q, const void* k,
+                                       const void* v, const void* o, const float* lse, const void* dout, void* dq,
+                                       void* dk, void* dv, void* workspace, size_t workspace_bytes, void* stream,
+                                       char* err, size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    attn::AttnBwdTensors t;
+    t.q = q;
+    t.k = k;
+    t.v = v;
+    t.o = o;
+    t.lse = lse;
+    t.dout = dout;
+    t.dq = dq;
+    t.dk = dk;
+    t.dv = dv;
+    t.workspace = workspace;
+    t.workspace_bytes = workspace_bytes;
+    attn::run_backward(*s, to_problem(*cp), t, static_cast<cudaStream_t>(stream));
   }, err, err_len);
 }

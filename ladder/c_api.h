@@ -10,7 +10,12 @@
      cudaMallocAsync and frees it there with cudaFreeAsync after the launch, with no
      synchronization either.
    A rung on e4m3 inputs (dtype 3, "06_fp8_e4m3") takes their descales besides: run it with
-   attn_run_fp8_async, which is attn_run_async with three more pointers. */
+   attn_run_fp8_async, which is attn_run_async with three more pointers.
+
+   The backward pass (dq, dk, dv from dout = dL/do), for the rungs that have one
+   (attn_backward_info): attn_backward_workspace_bytes and attn_run_backward_async, the
+   backward's attn_workspace_bytes and attn_run_async, with the same ownership rules. It reads
+   the forward's o and lse, so run the forward with a non-null lse first. */
 #ifndef ATTN_LADDER_C_API_H
 #define ATTN_LADDER_C_API_H
 
@@ -78,6 +83,34 @@ int attn_descale_blocks(const char* rung, const attn_problem_t* p, int* q_rows, 
 int attn_run_fp8_async(const char* rung, const attn_problem_t* p, const void* q, const void* k, const void* v,
                        const float* q_descale, const float* k_descale, const float* v_descale, void* o, float* lse,
                        void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
+/* The backward pass of `rung`, without a GPU: writes to head_dims (room for
+   ATTN_MAX_HEAD_DIMS) the head dims it has a backward for and their number to
+   *num_head_dims; 0 for a forward-only rung (its backward calls return ATTN_INVALID_INPUT,
+   "no backward pass"). Its dtypes are the forward's (attn_rung_info). */
+int attn_backward_info(const char* rung, int* head_dims, int* num_head_dims, char* err, size_t err_len);
+
+/* Validates the backward problem for `rung` (no GPU needed) and writes the workspace the
+   backward needs, in bytes, to *bytes (04 and 05: fp32 dQ accumulators, B*H*Nq*d floats,
+   and 05's D, B*H*Nq more). */
+int attn_backward_workspace_bytes(const char* rung, const attn_problem_t* p, size_t* bytes, char* err,
+                                  size_t err_len);
+
+/* The backward of `rung` on device tensors, all in p->dtype (bf16 or fp16) but lse:
+     q [B,H,Nq,d], k and v [B,Hkv,Nk,d]         the forward's inputs
+     o [B,H,Nq,d], lse [B,H,Nq] fp32 natural log the forward's outputs (any rung's: both are
+                                                 the exact attention up to rounding)
+     dout [B,H,Nq,d]                             dL/do
+   writes dq [B,H,Nq,d], dk and dv [B,Hkv,Nk,d] (GQA: dk, dv summed over the query heads of a
+   group; every element written, no zeroing needed). Scale, causal mask and its bottom-right
+   alignment as the forward. Contiguous, 16-byte aligned (05 copies 16-byte chunks), dq, dk,
+   dv overlapping nothing. workspace: device memory of workspace_bytes >=
+   attn_backward_workspace_bytes(), kept until the enqueued work is done. Enqueues on `stream`,
+   never allocates, never synchronizes (a CUDA graph captures it). Returns ATTN_OK or an error
+   code with a message in err. */
+int attn_run_backward_async(const char* rung, const attn_problem_t* p, const void* q, const void* k, const void* v,
+                            const void* o, const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                            void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

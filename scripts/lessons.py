@@ -18,6 +18,8 @@ and fp8_speed.csv of the results folder. metric is one of
     op            the PyTorch operator against attn_bench and cuDNN, from op.csv
     decode        05_fa2_decode against cuDNN and FlashAttention-2 by (B, Nq) and Nk, from
                   decode.csv and decode_peers.csv
+    backward      TFLOPS of the backward passes (rungs named <rung>_bwd, FLOPs 2.5x the
+                  forward's) by N, from backward.csv and backward_peers.csv
 causal=0 or causal=1 restricts tflops to one mask (default both). With --check nothing is
 written: it exits 1 naming each block that differs from what the CSVs give, so a lesson
 cannot quote numbers other than the reference run's. Standard library only.
@@ -75,23 +77,25 @@ class Data:
         self.fp8 = load(results / "fp8_speed.csv")
         self.op = load(results / "op.csv")
         self.decode = load(results / "decode.csv") + load(results / "decode_peers.csv")
+        self.backward = load(results / "backward.csv") + load(results / "backward_peers.csv")
         self.rel = results.relative_to(REPO).as_posix() if results.is_relative_to(REPO) else str(results)
 
-    def rows(self, rungs, d, causal=None, dtype="bf16"):
-        return [r for r in self.ladder + self.peers
+    def rows(self, rungs, d, causal=None, dtype="bf16", backward=False):
+        return [r for r in (self.backward if backward else self.ladder + self.peers)
                 if r["rung"] in rungs and int(r["d"]) == d and r["dtype"] == dtype
                 and (causal is None or int(r["causal"]) == causal)]
 
     def files_of(self, rows):
         names = []
-        for table, name in ((self.ladder, "ladder.csv"), (self.peers, "peers.csv"), (self.fp8, "fp8_speed.csv")):
+        for table, name in ((self.ladder, "ladder.csv"), (self.peers, "peers.csv"), (self.fp8, "fp8_speed.csv"),
+                            (self.backward, "backward.csv and backward_peers.csv")):
             if any(r in table for r in rows):
                 names.append(f"{self.rel}/{name}")
         return names
 
 
-def table_tflops(data, rungs, d, causals):
-    rows = [r for c in causals for r in data.rows(rungs, d, c)]
+def table_tflops(data, rungs, d, causals, backward=False):
+    rows = [r for c in causals for r in data.rows(rungs, d, c, backward=backward)]
     if not rows:
         return None
     ns = sorted({int(r["Nq"]) for r in rows})
@@ -102,7 +106,7 @@ def table_tflops(data, rungs, d, causals):
             if by_n:
                 cells = [f"{by_n[n]:.0f}" if by_n.get(n) is not None else "–" for n in ns]
                 out.append(f"| {rung}{' causal' if causal else ''} | " + " | ".join(cells) + " |")
-    what = f"TFLOPS, bf16, d = {d}, B·N = 16384, H = {2048 // d}"
+    what = f"TFLOPS{' of the backward pass (2.5× the forward FLOPs)' if backward else ''}, bf16, d = {d}, B·N = 16384, H = {2048 // d}"
     return out, caption(rows, data.files_of(rows), what)
 
 
@@ -222,10 +226,13 @@ def render(data, args_text):
         made = table_fp8(data)
     elif metric == "op":
         made = table_op(data)
+    elif metric == "backward":
+        causals = [int(args["causal"])] if "causal" in args else [0, 1]
+        made = table_tflops(data, rungs, d, causals, backward=True)
     elif metric == "decode":
         made = table_decode(data, rungs[0] if rungs else "05_fa2_decode")
     else:
-        raise ValueError(f"unknown metric '{metric}' (tflops, bytes, softmax_gbps, fp8, op, decode)")
+        raise ValueError(f"unknown metric '{metric}' (tflops, bytes, softmax_gbps, fp8, op, decode, backward)")
     if made is None:
         return f"(no rows for {args_text} in {data.rel})"
     lines, cap = made

@@ -22,6 +22,14 @@ algorithm moves (Q, K, V read once, O written once) for the fused backends, empt
 math (which materializes the N^2 scores). err_vs_ref is against an fp64 reference with
 the harness's rule (common/reference.cpp): every row when B*H*Nq*Nk*d <= 4e9
 multiply-adds, else 64 sampled query rows per (batch, head).
+
+--backward times each backend's backward pass instead, as attn_bench --backward times the
+rungs': one forward with requires_grad builds the autograd graph, and the timed call is
+torch.autograd.grad(O, (Q, K, V), dO, retain_graph=True) alone (the backend's backward
+kernels: the dO . O pre-pass, the main kernel and the dQ conversion for flash), not the
+forward. Rows are rung = torch_flash_bwd, ...; model_flops = 2.5 x the forward's (the
+FlashAttention papers' convention); err_vs_ref is the largest relative error of dQ, dK, dV
+against fp64 autograd on torch's math, up to 4e9 multiply-adds (empty above).
 """
 
 import argparse
@@ -112,6 +120,8 @@ def parse_args(argv):
     p.add_argument("--max-math-bytes", type=float, help="skip torch_math above this N^2 memory (default: free memory)")
     p.add_argument("--no-ceilings", action="store_true", help="leave the ceiling columns empty")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backward", action="store_true",
+                   help="time the backward pass alone (autograd.grad through one forward's graph); rungs torch_<backend>_bwd")
     args = p.parse_args(argv)
     for name in args.dtype:
         if name not in DTYPES:
@@ -386,6 +396,75 @@ def run_problem(args, flush, common, writer, dtype_name, B, H, Hkv, Nq, Nk, d, c
     torch.cuda.empty_cache()
 
 
+def reference_grad_error(q, k, v, dout, grads, causal, scale):
+    """Largest relative Frobenius error of (dQ, dK, dV) against fp64 autograd through the
+    math attention (GQA by repeating K, V heads; a row that sees no key gets no gradient)."""
+    B, H, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ke, ve = (t.repeat_interleave(H // Hkv, dim=1) for t in (k64, v64))
+    s = (q64 @ ke.transpose(-1, -2)) * scale
+    if causal:
+        rows = torch.arange(Nq, device=q.device)[:, None]
+        cols = torch.arange(Nk, device=q.device)[None, :]
+        s = s.masked_fill(cols > rows + (Nk - Nq), float("-inf"))
+    o = torch.softmax(s, dim=-1).nan_to_num(0.0) @ ve
+    ref = torch.autograd.grad(o, (q64, k64, v64), dout.double())
+    errs = []
+    for got, want in zip(grads, ref):
+        diff, norm = (got.double() - want).norm().item(), want.norm().item()
+        errs.append(diff / norm if norm > 0 else diff)
+    return max(errs)
+
+
+def run_problem_backward(args, flush, common, writer, dtype_name, B, H, Hkv, Nq, Nk, d, causal):
+    """As run_problem, timing each backend's backward pass alone (see --backward)."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    q = torch.randn(B, H, Nq, d, dtype=dtype, device="cuda", generator=gen).requires_grad_()
+    k = torch.randn(B, Hkv, Nk, d, dtype=dtype, device="cuda", generator=gen).requires_grad_()
+    v = torch.randn(B, Hkv, Nk, d, dtype=dtype, device="cuda", generator=gen).requires_grad_()
+    dout = torch.randn(B, H, Nq, d, dtype=dtype, device="cuda", generator=gen)
+    scale = 1.0 / math.sqrt(d)
+    shape = f"{dtype_name} B={B} H={H} Hkv={Hkv} Nq={Nq} Nk={Nk} d={d} causal={causal}"
+    flops = 2.5 * model_flops(B, H, Nq, Nk, d, causal)
+    check = B * H * Nq * Nk * d <= FULL_REF_MACS
+    free_bytes = torch.cuda.mem_get_info()[0]
+    for key in args.backends:
+        rung, backend = BACKENDS[key]
+        rung += "_bwd"
+        if key == "math":
+            limit = args.max_math_bytes if args.max_math_bytes is not None else free_bytes
+            need = 2 * math_bytes(B, H, Nq, Nk)  # the forward's saved N^2 tensors and their gradients
+            if need > limit:
+                print(f"[peers] skip {rung} {shape}: its N^2 tensors need ~{need / 1e9:.1f} GB, limit {limit / 1e9:.1f} GB", flush=True)
+                continue
+        try:
+            with warnings.catch_warnings(record=True) as why:
+                warnings.simplefilter("always")
+                o = attention_call(backend, q, k, v, causal, scale)()
+                call = lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)  # noqa: E731
+                grads = call()
+            torch.cuda.synchronize()
+            med, lo, hi = time_call(call, args.repeats, flush, args.timing)
+        except (RuntimeError, ValueError, NotImplementedError) as e:  # the backend refuses the shape
+            print(f"[peers] skip {rung} {shape}: {refusal_reason(e, why)}", flush=True)
+            torch.cuda.empty_cache()
+            continue
+        err = reference_grad_error(q, k, v, dout, grads, causal, scale) if check else None
+        tflops = flops / (med * 1e-3) / 1e12
+        row = dict(common, rung=rung, dtype=dtype_name, B=B, H=H, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, causal=causal,
+                   time_ms_median=med, time_ms_min=lo, time_ms_max=hi, tflops=tflops, model_flops=flops,
+                   err_vs_ref=err)
+        err_text = f"{err:.2e}" if err is not None else "-"
+        print(f"[peers] {rung:20s} {shape}: {med:.3f} ms, {tflops:.1f} TFLOPS, err_vs_ref {err_text}", flush=True)
+        if writer:
+            writer.writerow([fmt(row.get(c)) for c in COLUMNS])
+        del o, grads
+    del q, k, v, dout
+    torch.cuda.empty_cache()
+
+
 def main(argv=None):
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -400,7 +479,7 @@ def main(argv=None):
     try:
         for dtype_name in args.dtype:
             for prob in problems(args):
-                run_problem(args, flush, common, writer, dtype_name, *prob)
+                (run_problem_backward if args.backward else run_problem)(args, flush, common, writer, dtype_name, *prob)
                 if f:
                     f.flush()
     finally:

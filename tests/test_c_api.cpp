@@ -84,5 +84,58 @@ TEST(CApi, RunAsyncRefusesASmallWorkspaceBeforeAnyLaunch) {
   EXPECT_NE(std::string(err).find("Q is a null pointer"), std::string::npos) << err;
 }
 
+TEST(CApi, BackwardInfoAndWorkspaceAreTheStagesAndForwardOnlyRungsSaySo) {
+  attn_problem_t cp{2, 4, 2, 1000, 700, 64, 1, 0, 0.f};
+  AttnProblem p;
+  p.B = 2;
+  p.H = 4;
+  p.Hkv = 2;
+  p.Nq = 1000;
+  p.Nk = 700;
+  p.d = 64;
+  p.causal = true;
+  int with_backward = 0;
+  for (const Stage& s : registry()) {
+    SCOPED_TRACE(s.name);
+    int dims[ATTN_MAX_HEAD_DIMS], n_dims = -1;
+    char err[256] = {0};
+    ASSERT_EQ(attn_backward_info(s.name.c_str(), dims, &n_dims, err, sizeof err), ATTN_OK) << err;
+    size_t bytes = 12345;
+    const int rc = attn_backward_workspace_bytes(s.name.c_str(), &cp, &bytes, err, sizeof err);
+    if (!s.has_backward()) {
+      EXPECT_EQ(n_dims, 0);
+      EXPECT_EQ(rc, ATTN_INVALID_INPUT);
+      EXPECT_NE(std::string(err).find("no backward pass"), std::string::npos) << err;
+      continue;
+    }
+    ++with_backward;
+    ASSERT_EQ(n_dims, int(s.backward_head_dims.size()));
+    for (int i = 0; i < n_dims; ++i) EXPECT_EQ(dims[i], s.backward_head_dims[i]);
+    ASSERT_EQ(rc, ATTN_OK) << err;
+    EXPECT_EQ(bytes, s.backward_workspace(p));
+    EXPECT_GE(bytes, size_t(p.q_elems()) * sizeof(float));  // fp32 dQ accumulators at least
+  }
+  EXPECT_GE(with_backward, 2);  // 04_fa1_tiled, 05_fa2_reordered
+  char err[256] = {0};
+  size_t bytes = 0;
+  attn_problem_t wide = cp;
+  wide.d = 256;  // 05 has d = 256 forward only
+  EXPECT_EQ(attn_backward_workspace_bytes("05_fa2_reordered", &wide, &bytes, err, sizeof err), ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("d = 256"), std::string::npos) << err;
+  // Refused before any launch, so without a GPU too: a null pointer, a small workspace.
+  ASSERT_EQ(attn_backward_workspace_bytes("05_fa2_reordered", &cp, &bytes, err, sizeof err), ATTN_OK) << err;
+  int dummy = 0;
+  EXPECT_EQ(attn_run_backward_async("05_fa2_reordered", &cp, &dummy, &dummy, &dummy, &dummy, nullptr, &dummy, &dummy,
+                                    &dummy, &dummy, &dummy, bytes, nullptr, err, sizeof err),
+            ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("lse is a null pointer"), std::string::npos) << err;
+  float lse = 0.f;
+  EXPECT_EQ(attn_run_backward_async("05_fa2_reordered", &cp, &dummy, &dummy, &dummy, &dummy, &lse, &dummy, &dummy,
+                                    &dummy, &dummy, &dummy, bytes - 1, nullptr, err, sizeof err),
+            ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find(std::to_string(bytes)), std::string::npos) << err;
+  EXPECT_EQ(attn_backward_info("no_such_rung", nullptr, nullptr, err, sizeof err), ATTN_UNKNOWN_RUNG);
+}
+
 }  // namespace
 }  // namespace attn

@@ -11,7 +11,8 @@ attention() is the operator attn_ladder::attention (torch.compile and CUDA graph
 run() calls the library directly. Both enqueue on the current stream and never synchronize.
 """
 
-from ._capi import AttnLadderError, descale_blocks, library_path, rung_info, rungs, run
-from .ops import attention
+from ._capi import AttnLadderError, backward_head_dims, descale_blocks, library_path, rung_info, rungs, run
+from .ops import attention, has_backward
 
-__all__ = ["AttnLadderError", "attention", "descale_blocks", "library_path", "rung_info", "rungs", "run"]
+__all__ = ["AttnLadderError", "attention", "backward_head_dims", "descale_blocks", "has_backward", "library_path",
+           "rung_info", "rungs", "run"]

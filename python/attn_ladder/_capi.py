@@ -145,6 +145,31 @@ def _load():
         ctypes.c_void_p,  # v_descale
     ] + lib.attn_run_async.argtypes[5:]
     lib.attn_run_fp8_async.restype = ctypes.c_int
+    if hasattr(lib, "attn_run_backward_async"):  # the backward pass (a library built before it has none)
+        lib.attn_backward_info.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                                           ctypes.c_char_p, ctypes.c_size_t]
+        lib.attn_backward_info.restype = ctypes.c_int
+        lib.attn_backward_workspace_bytes.argtypes = lib.attn_workspace_bytes.argtypes
+        lib.attn_backward_workspace_bytes.restype = ctypes.c_int
+        lib.attn_run_backward_async.argtypes = [
+            ctypes.c_char_p,  # rung
+            ctypes.POINTER(_Problem),
+            ctypes.c_void_p,  # q
+            ctypes.c_void_p,  # k
+            ctypes.c_void_p,  # v
+            ctypes.c_void_p,  # o
+            ctypes.c_void_p,  # lse
+            ctypes.c_void_p,  # dout
+            ctypes.c_void_p,  # dq
+            ctypes.c_void_p,  # dk
+            ctypes.c_void_p,  # dv
+            ctypes.c_void_p,  # workspace
+            ctypes.c_size_t,  # workspace_bytes
+            ctypes.c_void_p,  # cudaStream_t
+            ctypes.c_char_p,  # err
+            ctypes.c_size_t,  # err_len
+        ]
+        lib.attn_run_backward_async.restype = ctypes.c_int
     _lib = lib
     return lib
 
@@ -303,6 +328,61 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False, de
             rc = lib.attn_run_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(), *tail)
     _raise_unless_ok(rc, rung, err)
     return (o, lse) if return_lse else o
+
+
+_backward_cache = {}
+
+
+def backward_head_dims(rung):
+    """The head dims `rung` has a backward pass for; [] for a forward-only rung."""
+    if rung not in _backward_cache:
+        lib = _load()
+        if not hasattr(lib, "attn_backward_info"):
+            return []
+        dims, count, err = (ctypes.c_int * 8)(), ctypes.c_int(0), ctypes.create_string_buffer(_ERR_LEN)
+        _raise_unless_ok(lib.attn_backward_info(rung.encode(), dims, ctypes.byref(count), err, _ERR_LEN), rung, err)
+        _backward_cache[rung] = list(dims[: count.value])
+    return _backward_cache[rung]
+
+
+def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
+    """(dq, dk, dv) of O = attention(q, k, v) for the upstream gradient dout = dL/dO, by the
+    backward pass of `rung` (04_fa1_tiled, 05_fa2_reordered: backward_head_dims). o and lse
+    are the forward's outputs (any rung's: fp32 natural-log lse [B, H, Nq]); dout has o's
+    shape and dtype. dk, dv have k's shape: with GQA each sums its group's query heads.
+    Enqueued on torch.cuda.current_stream(), its workspace from torch.empty."""
+    _check_inputs(q, k, v)
+    if q.dtype not in _DTYPE_CODES:
+        raise ValueError(f"the backward takes bfloat16 or float16, got {q.dtype}")
+    for name, t in (("o", o), ("dout", dout)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{name} must be a {q.dtype} tensor of q's shape {tuple(q.shape)} on {q.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    B, H, Nq, d = q.shape
+    if (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, Nq) or lse.dtype != torch.float32
+            or lse.device != q.device or not lse.is_contiguous()):
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape {(B, H, Nq)} on {q.device}")
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale must be positive (None means 1/sqrt(d)), got {scale}")
+    lib = _load()
+    if not hasattr(lib, "attn_run_backward_async"):
+        raise AttnLadderError(_INVALID_INPUT, f"attn_ladder '{rung}': this library has no backward pass")
+    Hkv, Nk = k.shape[1], k.shape[2]
+    problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), _DTYPE_CODES[q.dtype], float(scale or 0.0))
+    err, rung_c, need = ctypes.create_string_buffer(_ERR_LEN), rung.encode(), ctypes.c_size_t(0)
+    _raise_unless_ok(lib.attn_backward_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err,
+                                                       _ERR_LEN), rung, err)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        rc = lib.attn_run_backward_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                         o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                                         dv.data_ptr(), workspace.data_ptr() if workspace is not None else None,
+                                         need.value, stream, err, _ERR_LEN)
+    _raise_unless_ok(rc, rung, err)
+    return dq, dk, dv
 
 
 def _raise_unless_ok(rc, rung, err):

@@ -3,8 +3,11 @@
 Registered with torch.library.custom_op, so torch.compile(fullgraph=True) traces it (the
 fake implementation gives the output shapes and dtypes without running anything) and CUDA
 graphs capture it (the rung is only enqueued, its workspace comes from PyTorch's caching
-allocator). The rungs are forward only: asking for a gradient through one raises a clear
-error instead of silently stopping the gradient.
+allocator). Autograd: the rungs with a backward pass (04_fa1_tiled, 05_fa2_reordered; see
+attn_ladder.backward_head_dims) differentiate O through attn_ladder::attention_backward, which
+recomputes P from the saved lse; asking for a gradient through any other rung raises a clear
+error instead of silently stopping the gradient. The lse output is not differentiated:
+attention() returns it detached.
 """
 
 import math
@@ -28,16 +31,52 @@ def _(q, k, v, rung, causal, scale, fp8):
     return torch.empty_like(q), q.new_empty((B, H, Nq), dtype=torch.float32)
 
 
-def _no_backward(ctx, grad_o, grad_lse):
-    raise RuntimeError(f"attn_ladder: rung '{ctx.rung}' has no backward pass; run it under torch.no_grad() "
-                       "or on tensors that do not require grad")
+@torch.library.custom_op(_NAME + "_backward", mutates_args=(), device_types="cuda")
+def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                        dout: torch.Tensor, rung: str, causal: bool,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _capi.run_backward(rung, q, k, v, o, lse, dout, causal=causal, scale=scale)
 
 
-def _remember_rung(ctx, inputs, output):
-    ctx.rung = inputs[3]
+@_attention_backward.register_fake
+def _(q, k, v, o, lse, dout, rung, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-_attention.register_autograd(_no_backward, setup_context=_remember_rung)
+def has_backward(rung, d=None, fp8=False):
+    """Whether autograd can differentiate `rung` (at head dim d, if given)."""
+    dims = [] if fp8 else _capi.backward_head_dims(rung)
+    return bool(dims) and (d is None or d in dims)
+
+
+def _no_backward_message(rung, d, fp8):
+    dims = [] if fp8 else _capi.backward_head_dims(rung)
+    why = (f"has a backward pass for d in {dims} only, not d = {d}" if dims else
+           "has no backward pass (the FP8 path is forward only)" if fp8 else "has no backward pass")
+    return (f"attn_ladder: rung '{rung}' {why}; differentiate through 04_fa1_tiled or 05_fa2_reordered, "
+            "or run it under torch.no_grad() / on tensors that do not require grad")
+
+
+def _backward(ctx, grad_o, grad_lse):
+    if not has_backward(ctx.rung, ctx.d, ctx.fp8):
+        raise RuntimeError(_no_backward_message(ctx.rung, ctx.d, ctx.fp8))
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_backward(q, k, v, o, lse, grad_o.contiguous(), ctx.rung, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None
+
+
+def _save_for_backward(ctx, inputs, output):
+    q, k, v, rung, causal, scale, fp8 = inputs
+    ctx.rung, ctx.causal, ctx.scale, ctx.fp8, ctx.d = rung, causal, scale, fp8, q.shape[-1]
+    if has_backward(rung, q.shape[-1], fp8):
+        ctx.save_for_backward(q, k, v, *output)
+
+
+_attention.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError(_no_backward_message(ctx.rung, None, True))
 
 
 # The same on e4m3 inputs with their descales (the rung "06_fp8_e4m3"): an operator of its
@@ -72,12 +111,13 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
     not write it). fp8: an FP8 rung ("06_fp8", ...) on bfloat16 inputs, quantized to e4m3
     inside. descale: with float8_e4m3fn q, k, v and rung="06_fp8_e4m3" (the operator
     attn_ladder::attention_e4m3), their fp32 descales (q_descale, k_descale, v_descale), one per
-    block of rows (attn_ladder.descale_blocks); O in bfloat16. Raises RuntimeError when
-    autograd would need a gradient: the rungs are forward only.
+    block of rows (attn_ladder.descale_blocks); O in bfloat16. Autograd differentiates O through
+    the rungs with a backward pass (has_backward); through any other, when q, k or v requires
+    grad, it raises RuntimeError here, before running. lse is returned detached.
     """
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
-        raise RuntimeError(f"attn_ladder.attention: rung '{rung}' has no backward pass, and q, k or v requires "
-                           "grad; run it under torch.no_grad() or pass detached tensors")
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if needs_grad and (descale is not None or not has_backward(rung, q.shape[-1], fp8)):
+        raise RuntimeError(_no_backward_message(rung, q.shape[-1], fp8 or descale is not None))
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if descale is not None:
@@ -86,4 +126,4 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
         o, lse = _attention_e4m3(q, k, v, *descale, rung, bool(causal), float(scale))
     else:
         o, lse = _attention(q, k, v, rung, bool(causal), float(scale), bool(fp8))
-    return (o, lse) if return_lse else o
+    return (o, lse.detach()) if return_lse else o

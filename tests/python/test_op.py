@@ -1,8 +1,8 @@
 """pytest: the operator attn_ladder::attention (python/attn_ladder/ops.py) on a GPU.
 
 Checks it against PyTorch SDPA's math backend on fp32 copies, through torch.library.opcheck,
-torch.compile(fullgraph=True) and a CUDA graph, and that a gradient request is refused with a
-clear error; attn_ladder::attention_e4m3 (e4m3 inputs with their descales) likewise. Skips
+torch.compile(fullgraph=True) and a CUDA graph, and that a gradient request through a rung
+without a backward pass is refused with a clear error; attn_ladder::attention_e4m3 (e4m3 inputs with their descales) likewise. Skips
 (with the reason) without torch, a CUDA GPU or the built library.
 """
 
@@ -249,12 +249,13 @@ def test_e4m3_bad_inputs_are_refused_with_a_message():
 
 
 def test_gradient_request_is_refused():
+    # A rung without a backward pass (autograd through 04 and 05: tests/python/test_autograd.py).
     q, k, v = inputs()
     q.requires_grad_()
     with pytest.raises(RuntimeError, match="no backward"):
-        attn_ladder.attention(q, k, v, rung="05_fa2_reordered")
+        attn_ladder.attention(q, k, v, rung="03b_fused_online")
     with torch.no_grad():
-        attn_ladder.attention(q, k, v, rung="05_fa2_reordered")
+        attn_ladder.attention(q, k, v, rung="03b_fused_online")
 
 
 def test_bad_inputs_are_refused_with_a_message():

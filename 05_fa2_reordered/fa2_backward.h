@@ -1,0 +1,77 @@
+// The FlashAttention-2 backward (fa2_backward.cuh) on the host: its tiles, their shared
+// memory, the workspace, the grid, and the launch entry point each generated translation unit
+// instantiates. Plain constexpr arithmetic, so the CPU tests check what the kernel runs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "05_fa2_reordered/fa2_tiles.h"
+#include "common/attention.h"
+
+namespace attn::fa2 {
+
+// One backward CTA: B_c keys of one K/V block (the outer loop, fixed per CTA), and steps of
+// B_r query rows (the inner loop). Warps split the keys, B_c / warps each (whole 16-row mma
+// tiles); dK_j and dV_j of a warp's keys live in its registers for the whole CTA.
+//
+// It is the forward's Tile with the two loops' roles swapped: Tile's "rows" are this CTA's
+// keys and its "keys" the query rows of a step. So the forward's fragment code serves as it
+// is: qk_tile gives Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ (the warp's keys x the step's queries),
+// pack_p and pv_tile give dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i.
+template <int kD_,       // head dim d
+          int kBc_,      // B_c, keys per CTA: more reuses each Q_i, dO_i more, costs dK, dV registers (warps)
+          int kBr_,      // B_r, query rows per step: more amortizes each step's barriers and dQ loads
+          int kPassQueries_,  // query rows whose Sᵀ, dPᵀ are in registers at once (a step takes B_r / this passes)
+          int kWarps_,   // B_c / keys per warp: more keys per warp reuse each Q_i, dO_i fragment more, cost dK, dV registers
+          int kMinCtasPerSm_>  // __launch_bounds__: CTAs an SM must hold (1: no cap below 255 registers)
+struct BwdTile : Tile<kD_, kBc_, kBr_, kWarps_, 1> {
+  static constexpr int kKeys = kBc_;
+  static constexpr int kQueries = kBr_;
+  static constexpr int kMinCtasPerSm = kMinCtasPerSm_;
+  // One pass of a step: the same Tile on kPassQueries query rows (Sᵀ, dPᵀ: kPassQueries / 2
+  // registers each a thread).
+  using Pass = Tile<kD_, kBc_, kPassQueries_, kWarps_, 1>;
+  // Shared memory: K_j, V_j [B_c][d]; Q_i, dO_i [B_r][d] x 2 stages (step i + 1 loads while i
+  // computes); dSᵀ [B_c][B_r] (dQ's operand); L_i, D_i [B_r] fp32 x 2 stages; room to align.
+  static constexpr int kStepStages = 2;
+  static constexpr int kSmemBytes = kElemBytes * (2 * kKeys * kD_ + 2 * kStepStages * kQueries * kD_ + kKeys * kQueries) +
+                                    int(sizeof(float)) * 2 * kStepStages * kQueries + SwizzledRows<kD_>::kAlign;
+
+  static_assert(kKeys % (16 * kWarps_) == 0, "each warp owns whole 16-key mma tiles");
+  static_assert(kQueries % 64 == 0, "dSᵀ rows are swizzled 128-byte lines: B_r a multiple of 64");
+  static_assert(kQueries % kPassQueries_ == 0 && kPassQueries_ % 16 == 0, "whole 16-query mma steps per pass");
+};
+
+// The tile head dim d runs with: 4 warps, B_r = 64 query rows per step in two passes of 32,
+// up to 255 registers a thread (128 threads x 256 fit twice in an SM's 64 K), 2 CTAs per SM.
+// dK, dV take 128 of the registers either way: d = 128, 16 keys per warp (64 per CTA, 105
+// KiB of shared memory); d = 64, 32 keys per warp (128 per CTA, 81 KiB), so each Q_i, dO_i
+// fragment serves two key tiles. With all 64 query rows in one pass, Sᵀ and dPᵀ spill.
+template <int kD>
+struct BwdTileFor;
+template <>
+struct BwdTileFor<64> : BwdTile<64, 128, 64, 32, 4, 1> {};
+template <>
+struct BwdTileFor<128> : BwdTile<128, 64, 64, 32, 4, 1> {};
+
+// The workspace: dQ accumulated in fp32 across the CTAs of all K/V blocks (atomics),
+// [B, H, Nq, d], then D = rowsum(dO ∘ O), fp32 [B, H, Nq].
+inline size_t bwd_workspace_bytes(const AttnProblem& p) {
+  return size_t(p.q_elems() + p.lse_elems()) * sizeof(float);
+}
+
+// CTAs of the main kernel: one per (K/V block, batch, key/value head).
+inline int64_t bwd_ctas(const AttnProblem& p, int keys_per_cta) {
+  return (int64_t(p.Nk) + keys_per_cta - 1) / keys_per_cta * p.B * p.Hkv;
+}
+
+// Enqueue the backward for head dim kD (fa2_backward.cuh; instantiated per (head dim, dtype)
+// by the generated fa2_backward_instance_d<d>_<dtype>.cu files): the D pre-pass (which also
+// zeroes the dQ accumulator), the main kernel, the dQ conversion.
+template <typename T, int kD>
+void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+
+}  // namespace attn::fa2

@@ -1,0 +1,189 @@
+// GPU tests of the backward passes (Stage::launch_backward: 04_fa1_tiled's Algorithm 4,
+// 05_fa2_reordered's FlashAttention-2 backward): dQ, dK, dV against the fp64 reference
+// (common/reference_backward.h) with the forward's bounds, on odd shapes (ragged tails, rows
+// that see no key, Nq != Nk with the bottom-right causal mask, GQA), with dQ, dK, dV and the
+// workspace poisoned before each run; 05 against 04 on the same inputs. Without a GPU every
+// test here skips with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "bench/harness.h"
+#include "common/check.h"
+#include "common/tolerance.h"
+#include "ladder/registry.h"
+#include "tests/gpu_test_util.h"
+
+using namespace attn;
+using namespace attn::testing;
+
+namespace {
+
+struct BwdShape {
+  int B, H, Hkv, Nq, Nk, d;
+  bool causal;
+  DType dtype;
+};
+
+std::string name_of(const BwdShape& s) {
+  std::ostringstream os;
+  os << dtype_name(s.dtype) << "_d" << s.d << "_B" << s.B << "H" << s.H << "kv" << s.Hkv << "_Nq" << s.Nq << "_Nk"
+     << s.Nk << (s.causal ? "_causal" : "");
+  return os.str();
+}
+void PrintTo(const BwdShape& s, std::ostream* os) { *os << name_of(s); }
+
+AttnProblem problem_of(const BwdShape& s) {
+  AttnProblem p;
+  p.B = s.B;
+  p.H = s.H;
+  p.Hkv = s.Hkv;
+  p.Nq = s.Nq;
+  p.Nk = s.Nk;
+  p.d = s.d;
+  p.causal = s.causal;
+  p.dtype = s.dtype;
+  return p;
+}
+
+// The rungs with a backward, in ladder order.
+std::vector<const Stage*> backward_stages() {
+  std::vector<const Stage*> out;
+  for (const Stage& s : registry())
+    if (s.has_backward()) out.push_back(&s);
+  return out;
+}
+
+bool backward_runs_here(const Stage& s, const AttnProblem& p) {
+  try {
+    validate_backward_problem(s, p);
+    validate_device(s);
+    return true;
+  } catch (const AttnError&) {
+    return false;
+  }
+}
+
+// ||a - b|| / ||ref||, absolute where ref = 0: two rungs' gradients compared on the scale of
+// the true one. (With one key, dQ and dK are exactly 0 and both rungs return rounding noise,
+// which relative to each other is any size.)
+double chain_error(const std::vector<double>& a, const std::vector<double>& b, const std::vector<double>& ref) {
+  double diff = 0, norm = 0;
+  for (size_t x = 0; x < ref.size(); ++x) {
+    diff += (a[x] - b[x]) * (a[x] - b[x]);
+    norm += ref[x] * ref[x];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// Every rung with a backward on p: each gradient written and finite, within tolerance() of
+// fp64, and within chain_tolerance() of the rung below with a backward.
+void check_backward(const AttnProblem& p, cudaStream_t stream) {
+  SCOPED_TRACE(p.describe());
+  const uint64_t seed = 101 + p.Nq * 7 + p.Nk * 3 + p.d + p.Hkv;
+  ProblemInputs in(p, seed, Fill::normal, 0.f, 1.f, stream, true);
+  GradInput g(p, seed + 3, Fill::normal, 0.f, 1.f, stream, true);
+  const ReferenceGrads ref = reference_backward(p, in.host, g.host);
+  const DType t = storage_dtype(p.dtype);
+  const char* names[3] = {"dQ", "dK", "dV"};
+  const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
+  int ran = 0;
+  std::vector<std::vector<double>> below;  // the last rung's dQ, dK, dV
+  for (const Stage* s : backward_stages()) {
+    if (!backward_runs_here(*s, p)) continue;
+    SCOPED_TRACE(s->name);
+    const RungGrads out = run_rung_backward(*s, in, g, stream);
+    const DeviceBuffer* got[3] = {&out.dq, &out.dk, &out.dv};
+    std::vector<std::vector<double>> grads;
+    for (int x = 0; x < 3; ++x) {
+      const int64_t n = int64_t(want[x]->size());
+      EXPECT_EQ(count_nonfinite(got[x]->get(), n, t, stream), 0) << names[x] << ": unwritten (poison) or non-finite";
+      grads.push_back(download_as_double(got[x]->get(), n, t));
+      double max_abs = 0;
+      const double err = rel_frobenius(grads.back(), *want[x], &max_abs);
+      EXPECT_LE(err, tolerance(p.dtype)) << names[x] << " vs fp64, max abs error " << max_abs;
+      if (!below.empty())  // vs the rung below with a backward
+        EXPECT_LE(chain_error(grads.back(), below[x], *want[x]), chain_tolerance(p.dtype)) << names[x] << " vs below";
+    }
+    below = std::move(grads);
+    ++ran;
+  }
+  EXPECT_GE(ran, 2) << "04_fa1_tiled and 05_fa2_reordered both have a backward for this problem";
+}
+
+class Backward : public Gpu, public ::testing::WithParamInterface<BwdShape> {};
+
+TEST_P(Backward, MatchesFp64AndTheRungBelow) { check_backward(problem_of(GetParam()), stream_); }
+
+std::vector<BwdShape> backward_shapes() {
+  std::vector<BwdShape> shapes;
+  int k = 0;
+  auto next_dtype = [&] { return k++ % 2 ? DType::fp16 : DType::bf16; };  // both dtypes, alternating
+  const int H = 4;
+  for (int d : {64, 128})
+    for (bool causal : {false, true})
+      for (int Hkv : {H, H / 4}) {  // GQA ratios 1 and 4
+        for (int n : {1, 17, 64, 100, 257, 1000}) shapes.push_back({1, H, Hkv, n, n, d, causal, next_dtype()});
+        // Nq != Nk: with the mask, rows that see no key (Nq > Nk) and keys seen by few rows
+        for (auto [nq, nk] : {std::pair{17, 100}, std::pair{100, 17}, std::pair{1, 257}, std::pair{257, 64}})
+          shapes.push_back({1, H, Hkv, nq, nk, d, causal, next_dtype()});
+      }
+  // A batch: the (batch, head) indexing of every tensor and of the workspace
+  shapes.push_back({3, 4, 2, 130, 130, 64, true, DType::bf16});
+  shapes.push_back({2, 8, 2, 77, 200, 128, true, DType::fp16});
+  shapes.push_back({2, 2, 1, 300, 129, 128, false, DType::bf16});
+  return shapes;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Backward, ::testing::ValuesIn(backward_shapes()),
+                         [](const auto& info) { return name_of(info.param); });
+
+// Forward-only rungs say so before any launch; the backward's own limits are refusals too.
+TEST_F(Gpu, BackwardRefusals) {
+  AttnProblem p;
+  p.H = p.Hkv = 2;
+  p.Nq = p.Nk = 64;
+  ProblemInputs in(p, 5, Fill::normal, 0, 1, stream_, false);
+  GradInput g(p, 6, Fill::normal, 0, 1, stream_, false);
+  for (const Stage& s : registry()) {
+    if (s.has_backward() || !runs_here(s, p)) continue;
+    try {
+      run_rung_backward(s, in, g, stream_);
+      ADD_FAILURE() << s.name << ": a forward-only rung ran a backward";
+    } catch (const AttnError& e) {
+      EXPECT_NE(std::string(e.what()).find("no backward pass"), std::string::npos) << e.what();
+    }
+  }
+  AttnProblem wide = p;
+  wide.d = 256;  // 05 runs d = 256 forward, not backward
+  const Stage& fa2 = find_stage("05_fa2_reordered");
+  ASSERT_TRUE(runs_here(fa2, wide));
+  ProblemInputs in256(wide, 7, Fill::normal, 0, 1, stream_, false);
+  GradInput g256(wide, 8, Fill::normal, 0, 1, stream_, false);
+  EXPECT_THROW(run_rung_backward(fa2, in256, g256, stream_), AttnError);
+}
+
+// Small shapes for compute-sanitizer (scripts/reproduce.sh runs '*Sanitize*' under each
+// tool): ragged K/V and Q blocks, the causal mask with Nq != Nk both ways, GQA, several
+// steps per CTA (the two-stage Q_i, dO_i ring), both head dims.
+TEST_F(Gpu, SanitizeBackwardShapes) {
+  struct Case {
+    int B, H, Hkv, Nq, Nk;
+    bool causal;
+  };
+  for (Case c : {Case{1, 4, 1, 17, 100, true}, Case{1, 2, 2, 150, 70, true}, Case{2, 2, 1, 130, 200, false}})
+    for (int d : {64, 128}) {
+      AttnProblem p;
+      p.B = c.B;
+      p.H = c.H;
+      p.Hkv = c.Hkv;
+      p.Nq = c.Nq;
+      p.Nk = c.Nk;
+      p.causal = c.causal;
+      p.d = d;
+      check_backward(p, stream_);
+    }
+}
+
+}  // namespace

@@ -1,0 +1,192 @@
+// The backward pass without a GPU: the fp64 reference against finite differences of the fp64
+// forward (so the ground truth of tests/test_backward.cpp is itself checked), and the host
+// arithmetic the kernels run with: 04's blocks and shared-memory layout, 05's tile, the
+// workspaces, the grids, and the refusals of forward-only rungs and unsupported head dims.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "04_fa1_tiled/fa1_backward.h"
+#include "05_fa2_reordered/fa2_backward.h"
+#include "common/reference.h"
+#include "common/reference_backward.h"
+#include "common/stage.h"
+#include "ladder/registry.h"
+
+namespace attn {
+namespace {
+
+// L = sum(dO ∘ O) with O from the fp64 forward, so dL/dX is what reference_backward gives.
+double loss(const AttnProblem& p, const HostInputs& in, const std::vector<float>& dout) {
+  const ReferenceRows o = reference_rows(p, in, all_rows(p));
+  double l = 0;
+  for (size_t x = 0; x < o.o.size(); ++x) l += double(dout[x]) * o.o[x];
+  return l;
+}
+
+// Central differences of loss() in every element of Q, K and V against reference_backward.
+void expect_matches_finite_differences(const AttnProblem& p) {
+  SCOPED_TRACE(p.describe());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  HostInputs in;
+  std::vector<float> dout(size_t(p.o_elems()));
+  in.q.resize(size_t(p.q_elems()));
+  in.k.resize(size_t(p.kv_elems()));
+  in.v.resize(size_t(p.kv_elems()));
+  for (auto* t : {&in.q, &in.k, &in.v, &dout})
+    for (float& x : *t) x = normal(rng);
+  const ReferenceGrads g = reference_backward(p, in, dout);
+  struct Case {
+    std::vector<float>* x;
+    const std::vector<double>* grad;
+    const char* name;
+  };
+  for (Case c : {Case{&in.q, &g.dq, "dQ"}, Case{&in.k, &g.dk, "dK"}, Case{&in.v, &g.dv, "dV"}}) {
+    for (size_t i = 0; i < c.x->size(); ++i) {
+      const float x0 = (*c.x)[i];
+      const float up = x0 + 1e-2f, down = x0 - 1e-2f;
+      (*c.x)[i] = up;
+      const double l_up = loss(p, in, dout);
+      (*c.x)[i] = down;
+      const double l_down = loss(p, in, dout);
+      (*c.x)[i] = x0;
+      const double fd = (l_up - l_down) / (double(up) - double(down));
+      EXPECT_NEAR((*c.grad)[i], fd, 1e-4 * (1 + std::fabs(fd))) << c.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(BackwardReference, MatchesFiniteDifferencesOfTheForward) {
+  AttnProblem p;
+  p.B = 1;
+  p.H = 2;
+  p.Hkv = 1;  // GQA: dK, dV sum both query heads
+  p.d = 4;
+  for (auto [nq, nk] : {std::pair{5, 7}, std::pair{7, 5}, std::pair{6, 6}})
+    for (bool causal : {false, true}) {  // causal with Nq > Nk: rows that see no key
+      p.Nq = nq;
+      p.Nk = nk;
+      p.causal = causal;
+      expect_matches_finite_differences(p);
+    }
+}
+
+TEST(BackwardReference, RowsThatSeeNoKeyHaveNoGradient) {
+  AttnProblem p;
+  p.Nq = 6;
+  p.Nk = 2;  // bottom-right causal: rows 0-3 see no key
+  p.d = 4;
+  p.causal = true;
+  HostInputs in;
+  in.q.assign(size_t(p.q_elems()), 0.5f);
+  in.k.assign(size_t(p.kv_elems()), -0.25f);
+  in.v.assign(size_t(p.kv_elems()), 1.f);
+  const std::vector<float> dout(size_t(p.o_elems()), 1.f);
+  const ReferenceGrads g = reference_backward(p, in, dout);
+  for (int64_t x = 0; x < 4 * p.d; ++x) EXPECT_EQ(g.dq[x], 0.0) << x;
+  double dv = 0;  // row 4 sees key 0 only, row 5 keys 0 and 1 (equal scores: half each)
+  for (int c = 0; c < p.d; ++c) dv += g.dv[c];
+  EXPECT_NEAR(dv, p.d * (1.0 + 0.5), 1e-12);
+}
+
+TEST(Fa1Backward, BlocksFitSharedMemory) {
+  for (int d : {64, 128}) {
+    SCOPED_TRACE(d);
+    const fa1::Blocks h100 = fa1::choose_bwd_blocks(d, 2, 232448);  // sm_90: 227 KiB per block
+    EXPECT_EQ(h100.Br, fa1::kBwdMaxBlock);
+    EXPECT_EQ(h100.Bc, fa1::kBwdMaxBlock);
+    EXPECT_LE((fa1::BwdSmemLayout{h100.Br, h100.Bc, d, 2}.bytes()), 232448u);
+    const fa1::Blocks a100 = fa1::choose_bwd_blocks(d, 2, 166912);  // sm_80: 163 KiB
+    ASSERT_GE(a100.Br, fa1::kTile);
+    EXPECT_EQ(a100.Br % fa1::kTile, 0);
+    EXPECT_EQ(a100.Bc % fa1::kTile, 0);
+    EXPECT_LE((fa1::BwdSmemLayout{a100.Br, a100.Bc, d, 2}.bytes()), 166912u);
+    const fa1::Blocks none = fa1::choose_bwd_blocks(d, 2, 4096);
+    EXPECT_EQ(none.Br, 0);
+  }
+  // Each buffer starts on the alignment WMMA loads need, and none overlaps the next.
+  const fa1::BwdSmemLayout L{64, 48, 128, 2};
+  const size_t offsets[] = {L.k_offset(),  L.v_offset(),  L.q_offset(),  L.do_offset(),  L.p_offset(),
+                            L.ds_offset(), L.s_offset(),  L.dp_offset(), L.dk_offset(),  L.dv_offset(),
+                            L.lse_offset(), L.d_offset(), L.bytes()};
+  for (size_t i = 0; i < std::size(offsets); ++i) {
+    EXPECT_EQ(offsets[i] % fa1::kSmemAlign, 0u) << i;
+    if (i > 0) EXPECT_GT(offsets[i], offsets[i - 1]) << i;
+  }
+  EXPECT_GE(L.dp_offset() - L.s_offset(), size_t(64) * L.ld_s() * sizeof(float));
+  EXPECT_GE(L.lse_offset() - L.dv_offset(), size_t(48) * L.ld_acc() * sizeof(float));
+}
+
+TEST(Fa2Backward, TilesFitAndSplitEvenly) {
+  auto check = [](auto tile, int d) {
+    using Cfg = decltype(tile);
+    SCOPED_TRACE(d);
+    EXPECT_EQ(Cfg::kD, d);
+    EXPECT_EQ(Cfg::kKeys, Cfg::kWarps * Cfg::kWarpRows);  // the forward's Tile, roles swapped: rows are keys
+    EXPECT_EQ(Cfg::kWarpRows % 16, 0);
+    EXPECT_EQ(Cfg::kWarpKeys, Cfg::kQueries);
+    // dQ: warps split the step's 16-row tiles, then d in 32-column chunks
+    EXPECT_EQ(Cfg::kWarps % (Cfg::kQueries / 16), 0);
+    EXPECT_EQ(Cfg::kQueries / 16 * (d / 32) % Cfg::kWarps, 0);
+    EXPECT_EQ(Cfg::kQueries % Cfg::Pass::kWarpKeys, 0);  // whole passes per step
+    EXPECT_EQ(Cfg::Pass::kWarpRows, Cfg::kWarpRows);
+    const int smem_per_sm = 228 * 1024, reserved = 1024;  // sm_90
+    EXPECT_LE(Cfg::kMinCtasPerSm * (Cfg::kSmemBytes + reserved), smem_per_sm);
+    // K_j, V_j, two stages of Q_i, dO_i, dSᵀ, two stages of L_i, D_i
+    EXPECT_EQ(Cfg::kSmemBytes, 2 * (2 * Cfg::kKeys * d + 4 * Cfg::kQueries * d + Cfg::kKeys * Cfg::kQueries) +
+                                   4 * 4 * Cfg::kQueries + 128);
+  };
+  check(fa2::BwdTileFor<64>{}, 64);
+  check(fa2::BwdTileFor<128>{}, 128);
+
+  AttnProblem p;
+  p.B = 3;
+  p.H = 8;
+  p.Hkv = 2;
+  p.Nq = 1000;
+  p.Nk = 129;
+  p.d = 128;
+  EXPECT_EQ(fa2::bwd_workspace_bytes(p), size_t(3 * 8 * 1000) * (128 + 1) * sizeof(float));
+  EXPECT_EQ(fa1::bwd_workspace_bytes(p), size_t(3 * 8 * 1000) * 128 * sizeof(float));
+  EXPECT_EQ(fa2::bwd_ctas(p, 64), 3 * 3 * 2);  // ceil(129 / 64) K/V blocks x B x Hkv
+}
+
+TEST(Backward, StagesDeclareIt) {
+  AttnProblem p;
+  p.H = p.Hkv = 2;
+  p.Nq = p.Nk = 100;
+  p.d = 64;
+  int with = 0;
+  for (const Stage& s : registry()) {
+    if (!s.supports(DType::bf16) || !s.supports_head_dim(64) || (s.refuse && !s.refuse(p).empty())) continue;
+    if (s.has_backward()) {
+      ++with;
+      EXPECT_NO_THROW(validate_backward_problem(s, p)) << s.name;
+      EXPECT_GT(s.backward_workspace(p), 0u) << s.name;
+    } else {
+      try {
+        validate_backward_problem(s, p);
+        ADD_FAILURE() << s.name << ": forward-only, yet its backward validated";
+      } catch (const AttnError& e) {
+        EXPECT_NE(std::string(e.what()).find("no backward pass"), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_TRUE(find_stage("04_fa1_tiled").has_backward());
+  EXPECT_TRUE(find_stage("05_fa2_reordered").has_backward());
+  EXPECT_FALSE(find_stage("05_fa2_decode").has_backward());  // copies of 05 stay forward only
+  EXPECT_GE(with, 2);
+  p.d = 256;
+  try {
+    validate_backward_problem(find_stage("05_fa2_reordered"), p);
+    ADD_FAILURE() << "05_fa2_reordered has no d = 256 backward";
+  } catch (const AttnError& e) {
+    EXPECT_NE(std::string(e.what()).find("backward: head dim d = 256"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace attn
