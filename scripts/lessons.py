@@ -87,10 +87,10 @@ class Data:
 
     def files_of(self, rows):
         names = []
-        for table, name in ((self.ladder, "ladder.csv"), (self.peers, "peers.csv"), (self.fp8, "fp8_speed.csv"),
-                            (self.backward, "backward.csv and backward_peers.csv")):
+        for table, table_names in ((self.ladder, ["ladder.csv"]), (self.peers, ["peers.csv"]),
+                                   (self.fp8, ["fp8_speed.csv"]), (self.backward, ["backward.csv", "backward_peers.csv"])):
             if any(r in table for r in rows):
-                names.append(f"{self.rel}/{name}")
+                names += [f"{self.rel}/{name}" for name in table_names]
         return names
 
 

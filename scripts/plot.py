@@ -17,6 +17,8 @@ and with --fp8 CSV (the FP8 run of scripts/reproduce.sh, fp8_speed.csv), from th
   fp8_vs_bf16.png        TFLOPS vs N of each fp8 rung and of 06d in bf16 in the same run, one
                          panel per d (non-causal), and below them the fp8 / bf16 ratio against
                          the 1.5x goal of FP8 at d >= 128
+with --backward CSV... (attn_bench and peers.py --backward), from them alone:
+  backward_tflops_vs_n.png  TFLOPS vs N of the backward passes and their peers
 and with --decode CSV... (the decode sweep: attn_bench and peers.py --decode-sweep):
   decode_vs_nk.png       time vs Nk of one decode step, one panel per (Nq, B), every rung and
                          peer, and the time K and V take at the measured copy bandwidth
@@ -232,7 +234,7 @@ def save(fig, out_dir, name):
 # ---- the four figures --------------------------------------------------------------------
 
 
-def plot_tflops_vs_n(rows, dtype, palette, out_dir):
+def plot_tflops_vs_n(rows, dtype, palette, out_dir, name="tflops_vs_n.png", what="Attention forward"):
     chosen = [r for r in rows if r["dtype"] == dtype and r["tflops"] is not None]
     ds = sorted({r["d"] for r in chosen}) or [FOCUS_D]
     causals = sorted({r["causal"] for r in chosen}) or [0]
@@ -263,8 +265,8 @@ def plot_tflops_vs_n(rows, dtype, palette, out_dir):
                 ax.set_xlabel("sequence length N")
     if drawn:
         fig.legend(drawn.values(), drawn.keys(), loc="outside right center")
-    title(fig, f"Attention forward, {dtype}: TFLOPS vs N", chosen or rows)
-    return save(fig, out_dir, "tflops_vs_n.png")
+    title(fig, f"{what}, {dtype}: TFLOPS vs N", chosen or rows)
+    return save(fig, out_dir, name)
 
 
 def plot_fp8_vs_bf16(rows, palette, out_dir):
@@ -565,8 +567,11 @@ def main(argv=None):
     p.add_argument("--readme", type=pathlib.Path, help="rewrite this file's results block")
     p.add_argument("--fp8", type=pathlib.Path, help="the FP8 run's CSV: fp8_vs_bf16.png from it alone")
     p.add_argument("--decode", type=pathlib.Path, nargs="+", help="the decode sweep's CSVs: decode_vs_nk.png from them alone")
+    p.add_argument("--backward", type=pathlib.Path, nargs="+",
+                   help="the backward sweep's CSVs (attn_bench/peers.py --backward): backward_tflops_vs_n.png from them alone")
     args = p.parse_args(argv)
-    missing = [str(c) for c in [*args.csv, *([args.fp8] if args.fp8 else []), *(args.decode or [])] if not c.is_file()]
+    missing = [str(c) for c in [*args.csv, *([args.fp8] if args.fp8 else []), *(args.decode or []), *(args.backward or [])]
+               if not c.is_file()]
     if missing:
         sys.exit(f"plot.py: no such CSV: {', '.join(missing)}")
     rows = load(args.csv)
@@ -584,6 +589,10 @@ def main(argv=None):
     ]
     if args.fp8:  # linked from 06_fa3_hopper/README.md, not from the results block
         plot_fp8_vs_bf16(fp8_rows, palette, out_dir)
+    if args.backward:  # linked from 04's and 05's READMEs
+        bwd_rows = load(args.backward)
+        plot_tflops_vs_n(bwd_rows, args.dtype, Palette(rung_order(bwd_rows)), out_dir, "backward_tflops_vs_n.png",
+                         "Attention backward (FLOPs 2.5x the forward's)")
     if args.decode:  # linked from 05_fa2_reordered/README.md
         decode_rows = load(args.decode)
         plot_decode(decode_rows, Palette(rung_order(decode_rows)), out_dir)

@@ -136,6 +136,8 @@ def test_training_matches_sdpa_within_one_percent():
     steps = 200
     sdpa = train_compare.train(train_compare.sdpa_attention, steps, seed=0)
     ladder = train_compare.train(train_compare.ladder_attention("05_fa2_reordered"), steps, seed=0)
-    assert sdpa[-1] < 0.8 * sdpa[0], "the model did not learn: the comparison would be empty"
+    # Below log(VOCAB) - 0.5: the model learnt the text's structure, so the comparison is not
+    # two models stuck at the uniform distribution, where attention would not matter.
+    assert train_compare.final(sdpa) < math.log(train_compare.VOCAB) - 0.5, "the model did not learn"
     a, b = train_compare.final(sdpa), train_compare.final(ladder)
     assert abs(b - a) / a <= 0.01, f"final loss: SDPA {a:.4f}, ladder {b:.4f}"
