@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs (or reports) what the build and the tests need besides the CUDA toolkit:
-# CMake >= 3.25, Ninja, GoogleTest, Python 3 with matplotlib and pytest. Uses apt and pip only.
+# CMake >= 3.25, Ninja, GoogleTest, Python 3 with matplotlib and pytest, cuobjdump. Uses apt and
+# pip only.
 set -euo pipefail
 
 need_apt=()
@@ -22,6 +23,17 @@ fi
 if ! python3 -c "import pytest" 2>/dev/null; then
   echo "install_deps: installing pytest with pip"
   python3 -m pip install --quiet pytest || python3 -m pip install --quiet --break-system-packages pytest
+fi
+
+# cuobjdump (with nvdisasm, which it runs) reads the SASS for the sass_order test; some toolkit
+# installs leave them out. The wheels' copies are found by scripts/sass_order.py (a failed
+# install only skips that test).
+if ! command -v cuobjdump >/dev/null && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
+   ! python3 -c "import nvidia, os, sys; sys.exit(not any(os.path.isfile(os.path.join(p, 'cu13/bin/nvdisasm')) for p in nvidia.__path__))" 2>/dev/null; then
+  echo "install_deps: installing cuobjdump and nvdisasm (nvidia-cuda-cuobjdump, -nvdisasm) with pip"
+  wheels=(nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)
+  python3 -m pip install --quiet "${wheels[@]}" || python3 -m pip install --quiet --break-system-packages "${wheels[@]}" ||
+    echo "install_deps: could not install cuobjdump; the sass_order test will skip"
 fi
 
 command -v nvcc >/dev/null || { echo "install_deps: nvcc not found: install the CUDA toolkit (>= 12.4) and put its bin/ on PATH" >&2; exit 1; }

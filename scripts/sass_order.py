@@ -28,7 +28,8 @@ the ELF images whose names contain --elf, default "06d_"), or a text dump of
 `cuobjdump -sass` (--sass FILE, or - for stdin). Kernels: mangled names matching
 --function (default: 06d's fa3_forward). Exit 0: every loop found keeps the order;
 1: a violation, or no loop found; 77 (CTest: skipped): no cuobjdump (looked for in
-$CUOBJDUMP, on PATH, in /usr/local/cuda/bin, /opt/cutools), or a binary without 06d.
+$CUOBJDUMP, on PATH, in /usr/local/cuda/bin, from the nvidia-cuda-cuobjdump wheel), or a
+binary without 06d.
 
     scripts/sass_order.py build/libattn_ladder.so
     cuobjdump -sass x.cubin | scripts/sass_order.py --sass -
@@ -50,9 +51,23 @@ HGMMA = re.compile(r"^(?:@!?U?P\w+\s+)?HGMMA\.64x(\d+)x\d+\S*\s+(\S+),\s*(\S+)")
 WAIT = re.compile(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
 
 
+def pip_cuobjdump():
+    """cuobjdump from the nvidia-cuda-cuobjdump wheel (scripts/install_deps.sh), if installed."""
+    try:
+        import nvidia  # the wheels' namespace package
+    except ImportError:
+        return None
+    for root in getattr(nvidia, "__path__", []):
+        for sub in ("cu13", "cu12", "cuda_cuobjdump"):
+            path = os.path.join(root, sub, "bin", "cuobjdump")
+            if os.path.isfile(path):
+                return path
+    return None
+
+
 def find_cuobjdump():
     candidates = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump",
-                  "/opt/cutools/cuobjdump"]
+                  pip_cuobjdump()]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
@@ -189,7 +204,7 @@ def main():
     elif args.binary:
         cuobjdump = find_cuobjdump()
         if not cuobjdump:
-            print("skipped: no cuobjdump ($CUOBJDUMP, PATH, /usr/local/cuda/bin, /opt/cutools)")
+            print("skipped: no cuobjdump ($CUOBJDUMP, PATH, /usr/local/cuda/bin, the nvidia-cuda-cuobjdump wheel)")
             return SKIP
         sass = sass_of_binary(cuobjdump, args.binary, args.elf)
         if sass is None:
