@@ -70,7 +70,7 @@ if [[ $run_tests -eq 1 ]]; then
   [[ ${TESTS_ONLY:-0} -eq 1 ]] && exit $status
 fi
 
-for csv in ladder peers; do  # a fresh sweep: keep the previous CSVs aside rather than append to them
+for csv in ladder peers decode backward; do  # a fresh sweep: keep the previous CSVs aside rather than append to them
   if [[ -f $out_dir/$csv.csv ]]; then
     mv "$out_dir/$csv.csv" "$out_dir/$csv.csv.prev"
     log "moved the previous $csv.csv to $csv.csv.prev"
@@ -81,11 +81,19 @@ log "bench: attn_bench ${sweep[*]} --check --measure-bytes (log $out_dir/bench.l
 build/bench/attn_bench "${sweep[@]}" --check --measure-bytes --csv "$out_dir/ladder.csv" 2>&1 | tee "$out_dir/bench.log" ||
   log "bench: some rows FAILED their accuracy bounds (see the table above); going on to the peers and plots"
 
-log "fp8: 06_fp8 next to 06d bf16 (d = 64, 128, 256, non-causal) and the FA3 Table 3 accuracy table"
-build/bench/attn_bench "${sweep[@]}" --rungs 06d_fa3,06_fp8 --dtype bf16,fp8 --d 64,128,256 --causal 0 --check \
+log "fp8: the FP8 rungs next to 06d bf16 (d = 64, 128, 256, non-causal) and the FA3 Table 3 accuracy table"
+build/bench/attn_bench "${sweep[@]}" --rungs 06d_fa3,06_fp8,06_fp8_e4m3,06_fp8_keys_permuted,06_fp8_vt_hbm \
+  --dtype bf16,fp8,e4m3 --d 64,128,256 --causal 0 --check \
   --csv "$out_dir/fp8_speed.csv" > "$out_dir/fp8_speed.log" 2>&1 || log "fp8: some rows FAILED (see fp8_speed.log)"
 build/bench/fp8_accuracy --time --csv "$out_dir/fp8_accuracy.csv" 2>&1 | tee "$out_dir/fp8_accuracy.log" ||
   log "fp8_accuracy FAILED"
+
+log "decode: 05_fa2_decode on the decode sweep (B 1, 8, 32; Nq 1, 4; Nk 4k-128k; GQA 32/8)"
+build/bench/attn_bench --decode-sweep --rungs 05_fa2_decode,05_fa2_reordered,06d_fa3 --csv "$out_dir/decode.csv" \
+  > "$out_dir/decode.log" 2>&1 || log "decode: some rows FAILED (see decode.log)"
+log "backward: 04 and 05 on the paper sweep, d = 64, 128 (FLOPs 2.5x the forward's)"
+build/bench/attn_bench --backward --paper-sweep --d 64,128 --rungs 04_fa1_tiled,05_fa2_reordered --check \
+  --csv "$out_dir/backward.csv" > "$out_dir/backward.log" 2>&1 || log "backward: some rows FAILED (see backward.log)"
 
 log "tile timeline: where a persistent 06d / FP8 CTA's time goes, d = 128 (log $out_dir/tile_timeline.txt)"
 {
@@ -98,15 +106,23 @@ if python3 -c 'import torch' 2>/dev/null; then
   log "peers: PyTorch SDPA backends on the same sweep (log $out_dir/peers.log)"
   python3 scripts/peers.py "${sweep[@]}" --csv "$out_dir/peers.csv" 2>&1 | tee "$out_dir/peers.log"
   csvs+=("$out_dir/peers.csv")
+  for f in decode_peers backward_peers; do [[ -f $out_dir/$f.csv ]] && mv "$out_dir/$f.csv" "$out_dir/$f.csv.prev"; done
+  python3 scripts/peers.py --decode-sweep --backends flash,cudnn --csv "$out_dir/decode_peers.csv" >> "$out_dir/peers.log" 2>&1
+  python3 scripts/peers.py --backward --paper-sweep --d 64,128 --backends flash,cudnn \
+    --csv "$out_dir/backward_peers.csv" >> "$out_dir/peers.log" 2>&1
+  log "training: a 2-layer LM, 200 steps, 05's attention against SDPA (train_loss.csv, train_loss.png)"
+  ATTN_LADDER_LIB=build/libattn_ladder.so python3 scripts/train_compare.py --out "$out_dir" || log "training FAILED"
 else
   log "peers: skipped, python3 cannot import torch"
 fi
 
-fp8_csv=()  # fp8_vs_bf16.png, from the FP8 run alone
-[[ -s $out_dir/fp8_speed.csv ]] && fp8_csv=(--fp8 "$out_dir/fp8_speed.csv")
+extra=()  # fp8_vs_bf16.png, decode_vs_nk.png, backward_tflops_vs_n.png: each from its own run
+[[ -s $out_dir/fp8_speed.csv ]] && extra=(--fp8 "$out_dir/fp8_speed.csv")
+[[ -s $out_dir/decode.csv ]] && extra+=(--decode "$out_dir/decode.csv" $(ls "$out_dir"/decode_peers.csv 2>/dev/null))
+[[ -s $out_dir/backward.csv ]] && extra+=(--backward "$out_dir/backward.csv" $(ls "$out_dir"/backward_peers.csv 2>/dev/null))
 if python3 -c 'import matplotlib' 2>/dev/null; then
   log "plots into $out_dir"
-  python3 scripts/plot.py "${csvs[@]}" "${fp8_csv[@]}" --out "$out_dir"
+  python3 scripts/plot.py "${csvs[@]}" "${extra[@]}" --out "$out_dir"
 else
   log "plots: skipped, python3 cannot import matplotlib"
 fi
