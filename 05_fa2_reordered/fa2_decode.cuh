@@ -280,8 +280,6 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const Decode
 template <typename T, int kD>
 void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
   const DecodeSplit split = decode_split(p, decode_sm_count());
-  if (int64_t(p.B) * p.H * p.Nq > INT_MAX)  // the combine's grid: one CTA per row
-    throw AttnError("05_fa2_decode: B * H * Nq = " + std::to_string(int64_t(p.B) * p.H * p.Nq) + " rows exceed the grid");
   for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       throw AttnError("05_fa2_decode: Q, K, V and O must be 16-byte aligned (16-byte copies)");

@@ -17,6 +17,7 @@ namespace attn::fa2 {
 constexpr int kDecodeMaxNq = 64;          // query rows per head it takes (decode, speculative decoding)
 constexpr int kDecodeBc = 64;             // keys per K/V block
 constexpr int kDecodeMinSplitKeys = 256;  // fewer keys per split and the combine costs more than it saves
+constexpr int kDecodeMaxWaves = 4;  // the split count's search stops at grids of this many waves
 constexpr double kDecodeWaveFill = 0.95; // the fewest splits within this share of the best wave efficiency
 
 // The two tiles of the split kernel. Both run 4 warps, and all 128 threads copy K and V.
@@ -60,7 +61,11 @@ inline DecodeSplit decode_split(const AttnProblem& p, int sm_count) {
   s.row_blocks = int(ceil_div(s.rows, s.narrow ? kDecodeNarrowRows : DecodeTileWide<64>::kBr));
   const int64_t base = int64_t(p.B) * p.Hkv * s.row_blocks;  // CTAs without a split
   const double slots = std::max(sm_count, 1);  // a wave: one CTA per SM (the ring keeps it busy)
-  const int64_t most = std::clamp<int64_t>(p.Nk / kDecodeMinSplitKeys, 1, 1024);
+  // At most kDecodeMaxWaves waves: past them any count fills its grid to at least 4/5, and
+  // shorter CTAs only add partials to combine. It also keeps this search, run on the host at
+  // every launch, to a few dozen steps.
+  const int64_t most = std::max<int64_t>(
+      1, std::min<int64_t>(p.Nk / kDecodeMinSplitKeys, ceil_div(int64_t(kDecodeMaxWaves * slots), base)));
   auto keys_for = [&](int64_t n) { return ceil_div(ceil_div(p.Nk, n), kDecodeBc) * kDecodeBc; };
   auto efficiency = [&](int64_t splits) {
     const double waves = double(base * splits) / slots;

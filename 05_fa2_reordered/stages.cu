@@ -124,6 +124,9 @@ std::string refuse_decode(const AttnProblem& p) {
            std::to_string(fa2::kDecodeMaxNq) + " per head; use 05_fa2_reordered";
   if (int64_t(p.B) * p.Hkv > INT_MAX)
     return "B * Hkv = " + std::to_string(int64_t(p.B) * p.Hkv) + " exceeds the grid limit " + std::to_string(INT_MAX);
+  if (int64_t(p.B) * p.H * p.Nq > INT_MAX)  // the combine's grid: one CTA per query row
+    return "B * H * Nq = " + std::to_string(int64_t(p.B) * p.H * p.Nq) + " rows exceed the grid limit " +
+           std::to_string(INT_MAX);
   return "";
 }
 

@@ -80,6 +80,22 @@ attn::AttnTensors tensors(const attn::Stage& s, const void* q, const void* k, co
   return t;
 }
 
+// The workspace of the forward or the backward: validate(stage, problem), then *bytes = size(stage, problem).
+template <class Validate, class Size>
+int workspace_query(const char* rung, const attn_problem_t* cp, size_t* bytes, char* err, size_t err_len,
+                    Validate validate, Size size) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    if (!bytes) throw attn::AttnError("bytes is a null pointer");
+    const attn::AttnProblem p = to_problem(*cp);
+    validate(*s, p);
+    *bytes = size(*s, p);
+  }, err, err_len);
+}
+
 }  // namespace
 
 extern "C" int attn_rung_info(const char* rung, attn_rung_info_t* info, char* err, size_t err_len) {
@@ -100,16 +116,8 @@ extern "C" int attn_rung_info(const char* rung, attn_rung_info_t* info, char* er
 
 extern "C" int attn_workspace_bytes(const char* rung, const attn_problem_t* cp, size_t* bytes, char* err,
                                     size_t err_len) {
-  int code = ATTN_OK;
-  const attn::Stage* s = lookup(rung, &code, err, err_len);
-  if (!s) return code;
-  return guarded([&] {
-    if (!cp) throw attn::AttnError("problem is a null pointer");
-    if (!bytes) throw attn::AttnError("bytes is a null pointer");
-    attn::AttnProblem p = to_problem(*cp);
-    attn::validate_problem(*s, p);
-    *bytes = s->workspace(p);
-  }, err, err_len);
+  return workspace_query(rung, cp, bytes, err, err_len, attn::validate_problem,
+                         [](const attn::Stage& s, const attn::AttnProblem& p) { return s.workspace(p); });
 }
 
 extern "C" int attn_run_async(const char* rung, const attn_problem_t* cp, const void* q, const void* k,
@@ -211,16 +219,8 @@ extern "C" int attn_backward_info(const char* rung, int* head_dims, int* num_hea
 
 extern "C" int attn_backward_workspace_bytes(const char* rung, const attn_problem_t* cp, size_t* bytes, char* err,
                                              size_t err_len) {
-  int code = ATTN_OK;
-  const attn::Stage* s = lookup(rung, &code, err, err_len);
-  if (!s) return code;
-  return guarded([&] {
-    if (!cp) throw attn::AttnError("problem is a null pointer");
-    if (!bytes) throw attn::AttnError("bytes is a null pointer");
-    const attn::AttnProblem p = to_problem(*cp);
-    attn::validate_backward_problem(*s, p);
-    *bytes = s->backward_workspace(p);
-  }, err, err_len);
+  return workspace_query(rung, cp, bytes, err, err_len, attn::validate_backward_problem,
+                         [](const attn::Stage& s, const attn::AttnProblem& p) { return s.backward_workspace(p); });
 }
 
 extern "C" int attn_run_backward_async(const char* rung, const attn_problem_t* cp, const void* q, const void* k,

@@ -302,6 +302,12 @@ TEST(Fa2Decode, RefusesMoreQueryRowsThanItTakes) {
     EXPECT_NE(std::string(e.what()).find("use 05_fa2_reordered"), std::string::npos) << e.what();
   }
   EXPECT_EQ(s.workspace(p), 0u);  // asked about a refused problem: no workspace, no overflow
+  // The combine runs one CTA per query row: more rows than a grid holds are refused up front.
+  AttnProblem big = tiny(64, 4096, 128, false, 64, 1);
+  big.B = 1 << 20;  // 2^20 * 64 heads * 64 rows = 2^32 rows
+  EXPECT_NE(s.refuse(big).find("rows exceed the grid"), std::string::npos) << s.refuse(big);
+  big.B = 1 << 10;
+  EXPECT_EQ(s.refuse(big), "");
 }
 
 // ---------------------------------------------------------------- validation and registry
