@@ -15,6 +15,12 @@
 // 17    write dK_j (× scale), dV_j to HBM
 //     dQ = scale · dQ_acc in the output type              conversion kernel
 //
+// DqMode::separate_pass (fa2_backward.h) drops line 14 from the loop above and the
+// conversion, and runs the dQ pass instead (fa2_backward_dq_kernel below):
+//     for i = 1 … T_r:                                    one CTA per (Q block i, batch, head)
+//       for j = 1 … T_c:  S_ij, P_ij, dP_ij, dS_ij as lines 9-13;  dQ_i ← dQ_i + dS_ij K_j
+//       write dQ_i (× scale)
+//
 // Who owns what (d = 128: B_c = 64 keys, 4 warps; B_r = 64 query rows per step; at d = 64
 // each warp owns 32 keys). Warp w owns keys 16w … 16w + 15 of K_j: it computes Sᵀ and dPᵀ
 // for them against the step's query rows, so P_ijᵀ, dS_ijᵀ and its rows of dK_j, dV_j never
@@ -61,13 +67,14 @@ struct BwdParams {
   const T* o;      // [B, H, Nq, d]
   const T* dout;   // [B, H, Nq, d]
   const float* lse;  // [B, H, Nq] natural log
-  float* dq_acc;   // [B, H, Nq, d] fp32 workspace
+  float* dq_acc;   // [B, H, Nq, d] fp32 workspace (DqMode::atomics; null with separate_pass)
   float* D;        // [B, H, Nq] fp32 workspace
   T* dq;           // [B, H, Nq, d]
   T* dk;           // [B, Hkv, Nk, d]
   T* dv;           // [B, Hkv, Nk, d]
   int H, Hkv, group, Nq, Nk;
-  int T_c;           // K/V blocks per key/value head
+  int T_c;           // K/V blocks per key/value head (the main kernel's)
+  int T_r;           // Q blocks per head (the dQ pass's)
   bool causal;
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
@@ -81,7 +88,7 @@ constexpr int kPrepassLanes = kD / kChunkElems;
 constexpr int kPrepassThreads = 256;
 
 // D_r = rowsum(dO_r ∘ O_r) for every row r of [B, H, Nq], and the row's dQ_acc zeroed (the
-// main kernel only adds to it). The loop is uniform per warp, so every lane is in the shuffles.
+// main kernel only adds to it) when there is one. The loop is uniform per warp, so every lane is in the shuffles.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const BwdParams<T> p, int64_t rows) {
   constexpr int kLanes = kPrepassLanes<kD>, kRowsPerWarp = 32 / kLanes;
@@ -99,8 +106,10 @@ __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const Bw
       const T* O_e = reinterpret_cast<const T*>(&O8);
 #pragma unroll
       for (int e = 0; e < kChunkElems; ++e) dot += to_float(dO_e[e]) * to_float(O_e[e]);
-      float4* acc = reinterpret_cast<float4*>(p.dq_acc + x);
-      acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (p.dq_acc) {
+        float4* acc = reinterpret_cast<float4*>(p.dq_acc + x);
+        acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
     dot = group_sum<kLanes>(dot);
     if (row < rows && chunk == 0) p.D[row] = dot;
@@ -318,7 +327,8 @@ __device__ __forceinline__ void store_dkv(const float (&dK)[Frag<Cfg>::kM][Frag<
     }
 }
 
-template <typename T, class Cfg>
+// kDqAtomics = false: lines 5-17 without line 14 (the dQ pass sums dQ instead).
+template <typename T, class Cfg, bool kDqAtomics>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm) fa2_backward_kernel(const BwdParams<T> p) {
   constexpr int D = Cfg::kD, B_c = Cfg::kKeys, B_r = Cfg::kQueries;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -382,7 +392,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm) fa2_backwar
       load_step(step + 1, stage ^ 1);
     }
     ptx::cp_async_commit();
-    const int bh = step_head(step), query0 = step_block(step) * B_r;
+    [[maybe_unused]] const int bh = step_head(step);
+    const int query0 = step_block(step) * B_r;
     const T* Q_i = s.Q + stage * B_r * Cfg::kStride;
     const T* dO_i = s.dO + stage * B_r * Cfg::kStride;
     const float* L_i = s.L + stage * B_r;
@@ -412,11 +423,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm) fa2_backwar
       pack_p<T, Pass>(A, dS);
       pv_tile<T, Pass>(dK, A, Q_q, lane);  // line 15: dK_j += dSᵀ Q_i
 
-      store_ds_t<T, Cfg, Pass>(s.dST, dS, warp_key0, q / kChunkElems, lane);
+      if constexpr (kDqAtomics) store_ds_t<T, Cfg, Pass>(s.dST, dS, warp_key0, q / kChunkElems, lane);
     }
-    __syncthreads();  // all of dSᵀ is in shared memory
-    // line 14: dQ_i += dS_ij K_j; warp w takes row tile w % (B_r / 16), chunks from w / (B_r / 16)
-    dq_tile<T, Cfg>(p, s.K, s.dST, bh, query0, warp % (B_r / 16), warp / (B_r / 16), lane);
+    if constexpr (kDqAtomics) {
+      __syncthreads();  // all of dSᵀ is in shared memory
+      // line 14: dQ_i += dS_ij K_j; warp w takes row tile w % (B_r / 16), chunks from w / (B_r / 16)
+      dq_tile<T, Cfg>(p, s.K, s.dST, bh, query0, warp % (B_r / 16), warp / (B_r / 16), lane);
+    }
   }
   store_dkv<T, Cfg>(dK, dV, p, lane);  // line 17
 }
@@ -438,16 +451,143 @@ __global__ void fa2_backward_convert_dq(const float* __restrict__ dq_acc, T* __r
   }
 }
 
+// ---------------------------------------------------------------- the dQ pass (separate_pass)
+
+// P_ij = exp(S_ij scale − L) for this warp's query rows (L_log2: L log2(e) of rows g, g + 8
+// of each 16-row tile) and the block's keys, in place. kMasked: keys past Nk and, causal,
+// keys past a row's last visible one are 0 (a row that sees no key has L = −inf).
+template <class Cfg, bool kMasked, typename T>
+__device__ __forceinline__ void probs(float (&S)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
+                                      const float (&L_log2)[Frag<Cfg>::kM][2], const BwdParams<T>& p, int row0,
+                                      int key0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + mt * 16 + lane / 4 + 8 * half;
+      const int last_key = p.causal ? min(p.Nk - 1, row + (p.Nk - p.Nq)) : p.Nk - 1;
+#pragma unroll
+      for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& s = S[mt][nt][2 * half + e];
+          const float p_val = exp2_approx(fmaf(s, p.scale_log2, -L_log2[mt][half]));
+          if constexpr (kMasked)
+            s = key0 + nt * 8 + 2 * (lane % 4) + e <= last_key ? p_val : 0.f;
+          else
+            s = p_val;
+        }
+    }
+}
+
+// dQ_i = scale Σ_j dS_ij K_j for Q block i of head bh, one CTA per (Q block, batch, head);
+// the warps split the rows of Q_i, as in the forward, so dQ_i never leaves registers.
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) fa2_backward_dq_kernel(const BwdParams<T> p) {
+  constexpr int D = Cfg::kD, B_r = Cfg::kBr, B_c = Cfg::kBc, kStages = Cfg::kStages;
+  constexpr int kTileQ = B_r * Cfg::kStride, kTileKV = B_c * Cfg::kStride;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kAlign = Cfg::Layout::kAlign;
+  T* sQ = reinterpret_cast<T*>(smem_raw + (kAlign - ptx::smem_u32(smem_raw) % kAlign) % kAlign);
+  T* sdO = sQ + kTileQ;
+  T* sK = sdO + kTileQ;
+  T* sV = sK + kStages * kTileKV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row0 = warp_first_row<Cfg>(warp);
+
+  // The longest Q blocks (causal: the last) first.
+  const int i = p.T_r - 1 - int(blockIdx.x % p.T_r);
+  const int64_t bh = blockIdx.x / p.T_r;
+  const int64_t bh_kv = bh / p.H * p.Hkv + bh % p.H / p.group;
+  const int row0 = i * B_r;
+  const KvRange kv = kv_range<B_r, B_c>(p, row0);
+  const T* K = p.k + bh_kv * p.Nk * D;
+  const T* V = p.v + bh_kv * p.Nk * D;
+
+  // L_i log2(e) and D_i of this thread's rows (0 past Nq: Q, dO are zero there, so dS = 0).
+  float L_log2[Frag<Cfg>::kM][2], D_i[Frag<Cfg>::kM][2];
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + warp_row0 + mt * 16 + lane / 4 + 8 * half;
+      const bool live = row < p.Nq;
+      L_log2[mt][half] = live ? p.lse[bh * p.Nq + row] * float(M_LOG2E) : 0.f;
+      D_i[mt][half] = live ? p.D[bh * p.Nq + row] : 0.f;
+    }
+
+  float dQ[Frag<Cfg>::kM][Frag<Cfg>::kO][4];
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dQ[mt][dt][e] = 0.f;
+
+  // Q_i, dO_i once; K_j, V_j through a ring of kStages buffers, as the forward's loop.
+  auto load_kv = [&](int block) {
+    load_tile<Cfg, B_c>(sK + block % kStages * kTileKV, K, block * B_c, p.Nk);
+    load_tile<Cfg, B_c>(sV + block % kStages * kTileKV, V, block * B_c, p.Nk);
+  };
+  load_tile<Cfg, B_r>(sQ, p.q + bh * p.Nq * D, row0, p.Nq);
+  load_tile<Cfg, B_r>(sdO, p.dout + bh * p.Nq * D, row0, p.Nq);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < kv.T_c) load_kv(s);
+    ptx::cp_async_commit();
+  }
+  for (int j = 0; j < kv.T_c; ++j) {
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // K_j, V_j landed for every thread; block j - 1's buffers are free
+    if (j + kStages - 1 < kv.T_c) load_kv(j + kStages - 1);
+    ptx::cp_async_commit();
+    const T* K_j = sK + j % kStages * kTileKV;
+    const T* V_j = sV + j % kStages * kTileKV;
+
+    float S[Frag<Cfg>::kM][Frag<Cfg>::kS][4];
+    qk_tile<T, Cfg>(S, sQ, K_j, warp_row0, lane);  // line 9: S_ij = Q_i K_jᵀ
+    if (j < kv.unmasked_blocks)                     // line 10: P_ij = exp(S_ij − L_i)
+      probs<Cfg, false>(S, L_log2, p, row0 + warp_row0, j * B_c, lane);
+    else
+      probs<Cfg, true>(S, L_log2, p, row0 + warp_row0, j * B_c, lane);
+    float dS[Frag<Cfg>::kM][Frag<Cfg>::kS][4];
+    qk_tile<T, Cfg>(dS, sdO, V_j, warp_row0, lane);  // line 12: dP_ij = dO_i V_jᵀ
+#pragma unroll
+    for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)  // line 13: dS_ij = P_ij ∘ (dP_ij − D_i), in place
+#pragma unroll
+      for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dS[mt][nt][e] = S[mt][nt][e] * (dS[mt][nt][e] - D_i[mt][e / 2]);
+    uint32_t A[Frag<Cfg>::kM][B_c / 16][4];
+    pack_p<T, Cfg>(A, dS);
+    pv_tile<T, Cfg>(dQ, A, K_j, lane);  // line 14: dQ_i += dS_ij K_j (K_j as the forward's V_j)
+  }
+  ptx::cp_async_wait<0>();  // T_c = 0 (causal rows that see no key): Q_i, dO_i's copies still land
+
+  T* dq = p.dq + bh * p.Nq * D;  // dQ = scale dQ_i, the rows inside Nq
+#pragma unroll
+  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + warp_row0 + mt * 16 + lane / 4 + 8 * half;
+      if (row >= p.Nq) continue;
+#pragma unroll
+      for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+        *reinterpret_cast<uint32_t*>(dq + int64_t(row) * D + dt * 8 + 2 * (lane % 4)) =
+            pack2<T>(p.scale * dQ[mt][dt][2 * half], p.scale * dQ[mt][dt][2 * half + 1]);
+    }
+}
+
 // ---------------------------------------------------------------- the launch
 
-template <typename T, int kD>
+template <typename T, int kD, DqMode kMode, class Cfg>
 void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
-  using Cfg = BwdTileFor<kD>;
+  using DqCfg = DqTileFor<kD>;
+  constexpr bool kAtomics = kMode == DqMode::atomics;
   for (const void* ptr : {t.q, t.k, t.v, t.o, t.dout, static_cast<const void*>(t.dq), static_cast<const void*>(t.dk),
                           static_cast<const void*>(t.dv)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       throw AttnError("05_fa2_reordered backward: Q, K, V, O, dO, dQ, dK and dV must be 16-byte aligned");
-  const int64_t ctas = bwd_ctas(p, Cfg::kKeys);  // Stage::backward_refuse: <= INT_MAX
   BwdParams<T> prm;
   prm.q = static_cast<const T*>(t.q);
   prm.k = static_cast<const T*>(t.k);
@@ -455,8 +595,9 @@ void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStre
   prm.o = static_cast<const T*>(t.o);
   prm.dout = static_cast<const T*>(t.dout);
   prm.lse = t.lse;
-  prm.dq_acc = static_cast<float*>(t.workspace);
-  prm.D = prm.dq_acc + p.q_elems();
+  float* ws = static_cast<float*>(t.workspace);
+  prm.dq_acc = kAtomics ? ws : nullptr;
+  prm.D = kAtomics ? ws + p.q_elems() : ws;
   prm.dq = static_cast<T*>(t.dq);
   prm.dk = static_cast<T*>(t.dk);
   prm.dv = static_cast<T*>(t.dv);
@@ -466,6 +607,7 @@ void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStre
   prm.Nq = p.Nq;
   prm.Nk = p.Nk;
   prm.T_c = (p.Nk + Cfg::kKeys - 1) / Cfg::kKeys;
+  prm.T_r = (p.Nq + DqCfg::kBr - 1) / DqCfg::kBr;
   prm.causal = p.causal;
   prm.scale = p.softmax_scale();
   prm.scale_log2 = prm.scale * static_cast<float>(M_LOG2E);
@@ -477,16 +619,23 @@ void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStre
   fa2_backward_prepass<T, kD><<<unsigned(prepass_blocks), kPrepassThreads, 0, stream>>>(prm, rows);
   CUDA_CHECK_LAUNCH();
 
-  auto kernel = fa2_backward_kernel<T, Cfg>;
+  // Stage::backward_refuse: both grids <= INT_MAX CTAs
+  auto kernel = fa2_backward_kernel<T, Cfg, kAtomics>;
   allow_smem<Cfg>(kernel);
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
+  kernel<<<static_cast<unsigned>(bwd_ctas(p, Cfg::kKeys)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
   CUDA_CHECK_LAUNCH();
 
-  const int64_t chunks = p.q_elems() / kChunkElems;  // d is a multiple of 8
-  constexpr int kConvertThreads = 256;
-  const int64_t convert_blocks = std::min<int64_t>((chunks + kConvertThreads - 1) / kConvertThreads, kMaxBlocks);
-  fa2_backward_convert_dq<T><<<unsigned(convert_blocks), kConvertThreads, 0, stream>>>(prm.dq_acc, prm.dq, chunks,
-                                                                                      prm.scale);
+  if constexpr (kAtomics) {
+    const int64_t chunks = p.q_elems() / kChunkElems;  // d is a multiple of 8
+    constexpr int kConvertThreads = 256;
+    const int64_t convert_blocks = std::min<int64_t>((chunks + kConvertThreads - 1) / kConvertThreads, kMaxBlocks);
+    fa2_backward_convert_dq<T><<<unsigned(convert_blocks), kConvertThreads, 0, stream>>>(prm.dq_acc, prm.dq, chunks,
+                                                                                        prm.scale);
+  } else {
+    auto dq_kernel = fa2_backward_dq_kernel<T, DqCfg>;
+    allow_smem<DqCfg>(dq_kernel);
+    dq_kernel<<<static_cast<unsigned>(bwd_dq_ctas(p, DqCfg::kBr)), DqCfg::kThreads, DqCfg::kSmemBytes, stream>>>(prm);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

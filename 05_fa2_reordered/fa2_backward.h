@@ -45,22 +45,43 @@ struct BwdTile : Tile<kD_, kBc_, kBr_, kWarps_, 1> {
   static_assert(kQueries % kPassQueries_ == 0 && kPassQueries_ % 16 == 0, "whole 16-query mma steps per pass");
 };
 
+// How dQ_i = Σ_j dS_ij K_j is summed over the K/V blocks, which run in different CTAs:
+//  atomics:       each CTA adds its dS_ij K_j to an fp32 dQ_acc in HBM (FA2's choice); the
+//                 order of the adds varies from run to run, so dQ's last bits do too.
+//  separate_pass: a second kernel, one CTA per Q block as the forward, recomputes S_ij, P_ij,
+//                 dP_ij, dS_ij and sums dS_ij K_j in registers: 3 more GEMMs of the 5, no
+//                 atomics, no fp32 dQ buffer, and the same bits every run (deterministic).
+enum class DqMode { atomics, separate_pass };
+
 // The tile head dim d runs with: 4 warps, B_r = 64 query rows per step in two passes of 32,
 // up to 255 registers a thread (128 threads x 256 fit twice in an SM's 64 K), 2 CTAs per SM.
 // dK, dV take 128 of the registers either way: d = 128, 16 keys per warp (64 per CTA, 105
 // KiB of shared memory); d = 64, 32 keys per warp (128 per CTA, 81 KiB), so each Q_i, dO_i
-// fragment serves two key tiles. With all 64 query rows in one pass, Sᵀ and dPᵀ spill.
-template <int kD>
+// fragment serves two key tiles. With all 64 query rows in one pass, Sᵀ and dPᵀ spill; at
+// d = 64 without dQ's atomics they spill in passes of 32 too (ptxas schedules the loop
+// differently), so that kernel takes passes of 16.
+template <int kD, DqMode kMode = DqMode::atomics>
 struct BwdTileFor;
-template <>
-struct BwdTileFor<64> : BwdTile<64, 128, 64, 32, 4, 1> {};
-template <>
-struct BwdTileFor<128> : BwdTile<128, 64, 64, 32, 4, 1> {};
+template <DqMode kMode>
+struct BwdTileFor<64, kMode> : BwdTile<64, 128, 64, kMode == DqMode::atomics ? 32 : 16, 4, 1> {};
+template <DqMode kMode>
+struct BwdTileFor<128, kMode> : BwdTile<128, 64, 64, 32, 4, 1> {};
 
-// The workspace: dQ accumulated in fp32 across the CTAs of all K/V blocks (atomics),
-// [B, H, Nq, d], then D = rowsum(dO ∘ O), fp32 [B, H, Nq].
-inline size_t bwd_workspace_bytes(const AttnProblem& p) {
-  return size_t(p.q_elems() + p.lse_elems()) * sizeof(float);
+// The dQ pass's tile (separate_pass): the forward's Tile, B_r query rows per CTA split over
+// the warps, B_c keys per step, a ring of K/V buffers; shared memory holds dO_i besides.
+template <int kD_, int kBr_, int kBc_, int kWarps_, int kStages_>
+struct DqTile : Tile<kD_, kBr_, kBc_, kWarps_, kStages_> {
+  using Base = Tile<kD_, kBr_, kBc_, kWarps_, kStages_>;
+  static constexpr int kSmemBytes = Base::kSmemBytes + Base::kElemBytes * Base::kStride * kBr_;  // + dO_i
+};
+// Each warp holds dQ for its 16 rows (d / 2 registers) and S_ij, dP_ij for 64 keys (32 each).
+template <int kD>
+using DqTileFor = DqTile<kD, 64, 64, 4, 2>;
+
+// The workspace: D = rowsum(dO ∘ O), fp32 [B, H, Nq]; with atomics first dQ accumulated in
+// fp32 across the CTAs of all K/V blocks, [B, H, Nq, d].
+inline size_t bwd_workspace_bytes(const AttnProblem& p, DqMode mode = DqMode::atomics) {
+  return size_t((mode == DqMode::atomics ? p.q_elems() : 0) + p.lse_elems()) * sizeof(float);
 }
 
 // CTAs of the main kernel: one per (K/V block, batch, key/value head).
@@ -68,10 +89,16 @@ inline int64_t bwd_ctas(const AttnProblem& p, int keys_per_cta) {
   return (int64_t(p.Nk) + keys_per_cta - 1) / keys_per_cta * p.B * p.Hkv;
 }
 
-// Enqueue the backward for head dim kD (fa2_backward.cuh; instantiated per (head dim, dtype)
-// by the generated fa2_backward_instance_d<d>_<dtype>.cu files): the D pre-pass (which also
-// zeroes the dQ accumulator), the main kernel, the dQ conversion.
-template <typename T, int kD>
+// CTAs of the dQ pass (separate_pass): one per (Q block, batch, head).
+inline int64_t bwd_dq_ctas(const AttnProblem& p, int rows_per_cta) {
+  return (int64_t(p.Nq) + rows_per_cta - 1) / rows_per_cta * p.B * p.H;
+}
+
+// Enqueue the backward for head dim kD (fa2_backward.cuh; instantiated per (head dim, dtype,
+// mode) by the generated fa2_backward_instance_d<d>_<dtype>.cu files): the D pre-pass, the
+// main kernel (dK, dV), then with atomics the dQ conversion (the pre-pass zeroed dQ_acc),
+// with separate_pass the dQ kernel.
+template <typename T, int kD, DqMode kMode, class Cfg = BwdTileFor<kD, kMode>>
 void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
 
 }  // namespace attn::fa2

@@ -377,8 +377,8 @@ struct KvRange {
   int T_c;
   int unmasked_blocks;
 };
-template <int B_r, int B_c, typename T>
-__device__ __forceinline__ KvRange kv_range(const Params<T>& p, int row0) {
+template <int B_r, int B_c, class P>  // P: Params, or the backward's BwdParams (its dQ pass)
+__device__ __forceinline__ KvRange kv_range(const P& p, int row0) {
   const int last_row = min(row0 + B_r, p.Nq) - 1;  // LAB:BEGIN 05.kv_range
   int keys = p.Nk;
   int unmasked_blocks = p.Nk / B_c;  // blocks wholly inside [0, Nk)

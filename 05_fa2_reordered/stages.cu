@@ -157,28 +157,36 @@ Stage decode_stage(const Stage& fa2) {
   return s;
 }
 
-// The backward (fa2_backward.cuh), on the main stage only.
+// The backward (fa2_backward.cuh): dQ by atomics on the main stage, by its own pass on
+// 05_fa2_dq_pass.
 using BackwardDims = HeadDims<FA2_BACKWARD_HEAD_DIMS>;
 
+template <fa2::DqMode kMode>
 void launch_backward_stage(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
   dispatch(p, BackwardDims{}, [&](auto element, auto d) {
-    fa2::launch_fa2_backward<decltype(element), decltype(d)::value>(p, t, stream);
+    fa2::launch_fa2_backward<decltype(element), decltype(d)::value, kMode>(p, t, stream);
   });
 }
 
+template <fa2::DqMode kMode>
 void add_backward(Stage& s) {
   s.backward_head_dims = BackwardDims::list();
   if (s.backward_head_dims.empty()) return;  // a lab build compiles no backward
   s.backward_refuse = [](const AttnProblem& p) -> std::string {
-    const int keys = p.d <= 64 ? fa2::BwdTileFor<64>::kKeys : fa2::BwdTileFor<128>::kKeys;
+    const int keys = p.d <= 64 ? fa2::BwdTileFor<64, kMode>::kKeys : fa2::BwdTileFor<128, kMode>::kKeys;
     const int64_t ctas = fa2::bwd_ctas(p, keys);
     if (ctas > INT_MAX)
       return "ceil(Nk / B_c) * B * Hkv = " + std::to_string(ctas) + " thread blocks exceeds the grid limit " +
              std::to_string(INT_MAX);
+    const int64_t dq_ctas =
+        fa2::bwd_dq_ctas(p, p.d <= 64 ? fa2::DqTileFor<64>::kBr : fa2::DqTileFor<128>::kBr);
+    if (kMode == fa2::DqMode::separate_pass && dq_ctas > INT_MAX)
+      return "the dQ pass's ceil(Nq / B_r) * B * H = " + std::to_string(dq_ctas) +
+             " thread blocks exceeds the grid limit " + std::to_string(INT_MAX);
     return "";
   };
-  s.backward_workspace_bytes = fa2::bwd_workspace_bytes;
-  s.launch_backward = launch_backward_stage;
+  s.backward_workspace_bytes = [](const AttnProblem& p) { return fa2::bwd_workspace_bytes(p, kMode); };
+  s.launch_backward = launch_backward_stage<kMode>;
 }
 
 }  // namespace
@@ -221,8 +229,15 @@ std::vector<Stage> fa2_stages() {
   eager.prev = "05_fa2_reordered";
   eager.summary = "05 rescaling O_i after every K/V block (no lazy rescaling), as FA2";
   eager.launch = launch_fa2_stage</*kEagerRescale=*/true>;
+  // The backward's choice for dQ (fa2_backward.h: DqMode): its own pass instead of atomics.
+  Stage dq_pass = fa2;
+  dq_pass.name = "05_fa2_dq_pass";
+  dq_pass.prev = "05_fa2_reordered";
+  dq_pass.summary = "05 whose backward sums dQ in a second pass over K/V instead of atomics (deterministic)";
+  add_backward<fa2::DqMode::separate_pass>(dq_pass);
   std::vector<Stage> stages = {fa2, no_delay, one_cta, split_kv, prefetch, eager, padded, decode_stage(fa2)};
-  add_backward(stages.front());  // the copies above (ablations, decode) stay forward only
+  if (dq_pass.has_backward()) stages.push_back(dq_pass);  // a lab build compiles no backward
+  add_backward<fa2::DqMode::atomics>(stages.front());  // the other copies (ablations, decode) stay forward only
   return stages;
 }
 

@@ -1,5 +1,5 @@
 // GPU tests of the backward passes (Stage::launch_backward: 04_fa1_tiled's Algorithm 4,
-// 05_fa2_reordered's FlashAttention-2 backward): dQ, dK, dV against the fp64 reference
+// 05_fa2_reordered's FlashAttention-2 backward, 05_fa2_dq_pass's with dQ in its own pass): dQ, dK, dV against the fp64 reference
 // (common/reference_backward.h) with the forward's bounds, on odd shapes (ragged tails, rows
 // that see no key, Nq != Nk with the bottom-right causal mask, GQA), with dQ, dK, dV and the
 // workspace poisoned before each run; 05 against 04 on the same inputs. Without a GPU every
@@ -162,6 +162,34 @@ TEST_F(Gpu, BackwardRefusals) {
   ProblemInputs in256(wide, 7, Fill::normal, 0, 1, stream_, false);
   GradInput g256(wide, 8, Fill::normal, 0, 1, stream_, false);
   EXPECT_THROW(run_rung_backward(fa2, in256, g256, stream_), AttnError);
+}
+
+// 05_fa2_dq_pass sums dQ in registers, without atomics: two runs on the same inputs give the
+// same bits (dK, dV always do: a CTA owns its keys and walks the query heads in order). The
+// shape gives each dQ row many K/V blocks (CTAs) to sum over: GQA, causal, several blocks.
+TEST_F(Gpu, BackwardDqPassIsBitwiseReproducible) {
+  const Stage& s = find_stage("05_fa2_dq_pass");
+  for (int d : {64, 128}) {
+    AttnProblem p;
+    p.B = 2;
+    p.H = 8;
+    p.Hkv = 2;
+    p.Nq = p.Nk = 1000;
+    p.causal = true;
+    p.d = d;
+    SCOPED_TRACE(p.describe());
+    if (!backward_runs_here(s, p)) GTEST_SKIP() << s.name << " does not run here";
+    ProblemInputs in(p, 11, Fill::normal, 0, 1, stream_, false);
+    GradInput g(p, 12, Fill::normal, 0, 1, stream_, false);
+    const RungGrads a = run_rung_backward(s, in, g, stream_);  // each run poisons dQ, dK, dV first
+    const RungGrads b = run_rung_backward(s, in, g, stream_);
+    const DType t = storage_dtype(p.dtype);
+    const int64_t q = p.q_elems(), kv = p.kv_elems();
+    EXPECT_EQ(download_as_double(a.dq.get(), q, t), download_as_double(b.dq.get(), q, t)) << "dQ";
+    EXPECT_EQ(download_as_double(a.dk.get(), kv, t), download_as_double(b.dk.get(), kv, t)) << "dK";
+    EXPECT_EQ(download_as_double(a.dv.get(), kv, t), download_as_double(b.dv.get(), kv, t)) << "dV";
+    EXPECT_EQ(count_nonfinite(a.dq.get(), q, t, stream_), 0);
+  }
 }
 
 // Small shapes for compute-sanitizer (scripts/reproduce.sh runs '*Sanitize*' under each

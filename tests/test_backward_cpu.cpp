@@ -139,8 +139,22 @@ TEST(Fa2Backward, TilesFitAndSplitEvenly) {
     EXPECT_EQ(Cfg::kSmemBytes, 2 * (2 * Cfg::kKeys * d + 4 * Cfg::kQueries * d + Cfg::kKeys * Cfg::kQueries) +
                                    4 * 4 * Cfg::kQueries + 128);
   };
-  check(fa2::BwdTileFor<64>{}, 64);
-  check(fa2::BwdTileFor<128>{}, 128);
+  check(fa2::BwdTileFor<64, fa2::DqMode::atomics>{}, 64);
+  check(fa2::BwdTileFor<128, fa2::DqMode::atomics>{}, 128);
+  check(fa2::BwdTileFor<64, fa2::DqMode::separate_pass>{}, 64);
+  check(fa2::BwdTileFor<128, fa2::DqMode::separate_pass>{}, 128);
+  // The dQ pass: the forward's split (warps own rows of Q_i), Q_i, dO_i and a K/V ring in smem.
+  auto check_dq = [](auto tile, int d) {
+    using Cfg = decltype(tile);
+    SCOPED_TRACE(d);
+    EXPECT_EQ(Cfg::kD, d);
+    EXPECT_EQ(Cfg::kWarpRows % 16, 0);
+    EXPECT_GE(Cfg::kStages, 2);  // the loop waits with kStages - 2 groups in flight
+    EXPECT_EQ(Cfg::kSmemBytes, 2 * d * (2 * Cfg::kBr + 2 * Cfg::kStages * Cfg::kBc) + 128);
+    EXPECT_LE(Cfg::kSmemBytes, 227 * 1024);
+  };
+  check_dq(fa2::DqTileFor<64>{}, 64);
+  check_dq(fa2::DqTileFor<128>{}, 128);
 
   AttnProblem p;
   p.B = 3;
@@ -150,8 +164,10 @@ TEST(Fa2Backward, TilesFitAndSplitEvenly) {
   p.Nk = 129;
   p.d = 128;
   EXPECT_EQ(fa2::bwd_workspace_bytes(p), size_t(3 * 8 * 1000) * (128 + 1) * sizeof(float));
+  EXPECT_EQ(fa2::bwd_workspace_bytes(p, fa2::DqMode::separate_pass), size_t(3 * 8 * 1000) * sizeof(float));  // D
   EXPECT_EQ(fa1::bwd_workspace_bytes(p), size_t(3 * 8 * 1000) * 128 * sizeof(float));
   EXPECT_EQ(fa2::bwd_ctas(p, 64), 3 * 3 * 2);  // ceil(129 / 64) K/V blocks x B x Hkv
+  EXPECT_EQ(fa2::bwd_dq_ctas(p, 64), 16 * 3 * 8);  // ceil(1000 / 64) Q blocks x B x H
 }
 
 TEST(Backward, StagesDeclareIt) {
