@@ -21,20 +21,23 @@
 //       for j = 1 … T_c:  S_ij, P_ij, dP_ij, dS_ij as lines 9-13;  dQ_i ← dQ_i + dS_ij K_j
 //       write dQ_i (× scale)
 //
-// Who owns what (d = 128: B_c = 64 keys, 4 warps; B_r = 64 query rows per step; at d = 64
-// each warp owns 32 keys). Warp w owns keys 16w … 16w + 15 of K_j: it computes Sᵀ and dPᵀ
-// for them against the step's query rows, so P_ijᵀ, dS_ijᵀ and its rows of dK_j, dV_j never
-// leave its registers. Only dQ_i mixes
+// Two kernels run lines 5-17. At d = 128, fa2_backward_2d_kernel (below) splits each
+// product over its own 2-D warp grid, as FA2 does, with P_ij and dS_ij through shared memory
+// (fa2_backward.h: Bwd2dTile). At d = 64, fa2_backward_kernel keeps them in registers:
+//
+// Who owns what (d = 64: B_c = 128 keys, 4 warps; B_r = 64 query rows per step). Warp w owns
+// keys 32w … 32w + 31 of K_j: it computes Sᵀ and dPᵀ for them against the step's query rows,
+// so P_ijᵀ, dS_ijᵀ and its rows of dK_j, dV_j never leave its registers. Only dQ_i mixes
 // keys: dS_ij K_j sums over all of K_j, so dSᵀ goes through shared memory, and for that
 // product warps split the query rows instead (and d, in 32-column chunks):
 //
 //          Sᵀ, dPᵀ: keys x queries                  dQ_i = dS_ij K_j: queries x d
 //          (B_r query rows of step i)               (one 16-row tile, 32-column chunks)
 //         +-------------------------+              +-------------------------+
-//  warp 0 | keys  0-15  -> dK, dV   |      warp 0  | queries  0-15           |
-//  warp 1 | keys 16-31  -> dK, dV   | dSᵀ  warp 1  | queries 16-31           |
-//  warp 2 | keys 32-47  -> dK, dV   | ---> warp 2  | queries 32-47           |  atomicAdd
-//  warp 3 | keys 48-63  -> dK, dV   | smem warp 3  | queries 48-63           |  -> dQ_acc
+//  warp 0 | keys   0-31  -> dK, dV  |      warp 0  | queries  0-15           |
+//  warp 1 | keys  32-63  -> dK, dV  | dSᵀ  warp 1  | queries 16-31           |
+//  warp 2 | keys  64-95  -> dK, dV  | ---> warp 2  | queries 32-47           |  atomicAdd
+//  warp 3 | keys 96-127  -> dK, dV  | smem warp 3  | queries 48-63           |  -> dQ_acc
 //         +-------------------------+              +-------------------------+
 //
 // The forward's fragment code serves as it is, its loops' roles swapped (BwdTile in
@@ -578,6 +581,229 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_backward_dq_kernel(const Bw
     }
 }
 
+// ---------------------------------------------------------------- lines 5-17, FA2's warp grids
+
+// C += A B for one warp: C is kMt x kNt mma tiles (16 x 8 each), the sum over kKt 16-wide k
+// steps; A and B from swizzled shared-memory tiles (layouts LA, LB), each stored either with
+// the product's k index along its rows ("k-major") or across them:
+//   A [m][k] (kAkMajor = false): ldmatrix, as Q_i in qk_tile; A [k][m]: ldmatrix .trans.
+//   B [n][k] (kBkMajor = false): ldmatrix, as K_j in qk_tile; B [k][n]: .trans, as V_j in pv_tile.
+// (m0, n0, k0): the warp's first row of A's m, B's n and the first k, in elements
+// (multiples of 16), so a lane's base address keeps its row's swizzle.
+template <typename T, int kMt, int kNt, int kKt, bool kAkMajor, bool kBkMajor, class LA, class LB>
+__device__ __forceinline__ void mma_smem(float (&C)[kMt][kNt][4], const T* sA, int m0, const T* sB, int n0, int k0,
+                                         int lane) {
+  static_assert(kNt % 2 == 0, "B fragments come in pairs of 8-wide n tiles (one ldmatrix x4)");
+  const uint32_t a_base = kAkMajor ? ptx::smem_u32(sA + LA::offset(k0 + lane % 8 + 8 * (lane / 16), (lane / 8) % 2))
+                                   : ptx::smem_u32(sA + LA::offset(m0 + lane % 16, lane / 16));
+  const uint32_t b_base = kBkMajor ? ptx::smem_u32(sB + LB::offset(k0 + lane % 16, lane / 16))
+                                   : ptx::smem_u32(sB + LB::offset(n0 + lane % 8 + 8 * (lane / 16), (lane / 8) % 2));
+#pragma unroll
+  for (int kk = 0; kk < kKt; ++kk) {
+    uint32_t a[kMt][4];
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+      if constexpr (kAkMajor)
+        ptx::ldmatrix_x4_trans(a[mt], LA::frag(a_base, kk * 16, m0 / 16 + mt));
+      else
+        ptx::ldmatrix_x4(a[mt], LA::frag(a_base, mt * 16, k0 / 16 + kk));
+    }
+#pragma unroll
+    for (int np = 0; np < kNt / 2; ++np) {
+      uint32_t b[4];
+      if constexpr (kBkMajor)
+        ptx::ldmatrix_x4_trans(b, LB::frag(b_base, kk * 16, n0 / 16 + np));
+      else
+        ptx::ldmatrix_x4(b, LB::frag(b_base, np * 16, k0 / 16 + kk));
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        ptx::mma_16816<T>(C[mt][2 * np], a[mt], b[0], b[1]);
+        ptx::mma_16816<T>(C[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// This warp's 32 x 32 tile of P_ij or dS_ij (C fragments, rows = queries) packed in pairs:
+// X[mt][nt][half] holds row g + 8 half of 16-row tile mt, columns 2t, 2t + 1 of key tile nt.
+template <typename T>
+__device__ __forceinline__ void pack_c(uint32_t (&X)[2][4][2], const float (&C)[2][4][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) X[mt][nt][half] = pack2<T>(C[mt][nt][2 * half], C[mt][nt][2 * half + 1]);
+}
+
+// A packed 32 x 32 tile (pack_c) into shared memory [B_r][B_c], from row q0 and key c0.
+template <class Cfg, typename T>
+__device__ __forceinline__ void store_ps(T* dst, const uint32_t (&X)[2][4][2], int q0, int c0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = q0 + mt * 16 + lane / 4 + 8 * half;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+        *reinterpret_cast<uint32_t*>(dst + Cfg::PsLayout::offset(row, c0 / kChunkElems + nt) + 2 * (lane % 4)) =
+            X[mt][nt][half];
+    }
+}
+
+// One CTA per (K/V block j, batch, KV head) as fa2_backward_kernel, with FA2's warp grids
+// (Bwd2dTile): per step, S_ij and dP_ij in 32 x 32 warp tiles, P_ij and dS_ij to shared
+// memory, a barrier, then dV_j += P_ijᵀ dO_i and dK_j += dS_ijᵀ Q_i (warp w: keys 32 (w / 2),
+// half w % 2 of d) and dQ_i += dS_ij K_j (warp w: queries 32 (w % 2), d quarter w / 2).
+template <typename T, class Cfg, bool kDqAtomics>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const BwdParams<T> p) {
+  constexpr int D = Cfg::kD, B_c = Cfg::kKeys, B_r = Cfg::kQueries;
+  using L = typename Cfg::Layout;
+  using LP = typename Cfg::PsLayout;
+  using Sdp = typename Cfg::Sdp;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kAlign = L::kAlign, kTileQ = B_r * Cfg::kStride;
+  T* sK = reinterpret_cast<T*>(smem_raw + (kAlign - ptx::smem_u32(smem_raw) % kAlign) % kAlign);
+  T* sV = sK + B_c * Cfg::kStride;
+  T* sQ = sV + B_c * Cfg::kStride;  // [2][B_r][d]
+  T* sdO = sQ + 2 * kTileQ;         // [2][B_r][d]
+  T* sP = sdO + 2 * kTileQ;         // [B_r][B_c]
+  T* sdS = sP + B_r * B_c;          // [B_r][B_c]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wq = 32 * (warp % 2), wk = 32 * (warp / 2);  // S, dP: this warp's queries, keys
+  const int wd = 64 * (warp % 2);                       // dK, dV: keys wk, d columns wd ..
+  const int qd = 32 * (warp / 2);                       // dQ: queries wq, d columns qd ..
+
+  const int j = blockIdx.x % p.T_c;
+  const int64_t bh_kv = blockIdx.x / p.T_c;
+  const int bh0 = int(bh_kv / p.Hkv) * p.H + int(bh_kv % p.Hkv) * p.group;
+  const int key0 = j * B_c;
+  const int off = p.Nk - p.Nq;
+  const int first_i = p.causal && key0 - off > 0 ? (key0 - off) / B_r : 0;
+  const int T_r = (p.Nq + B_r - 1) / B_r;
+  const int blocks_per_head = T_r - first_i;
+  const int steps = p.group * blocks_per_head;
+  auto step_head = [&](int step) { return bh0 + step / blocks_per_head; };
+  auto step_block = [&](int step) { return first_i + step % blocks_per_head; };
+  const bool ragged_keys = key0 + B_c > p.Nk;
+
+  auto load_step = [&](int step, int stage) {
+    const int64_t bh = step_head(step);
+    const int row0 = step_block(step) * B_r;
+    load_tile<Cfg, B_r>(sQ + stage * kTileQ, p.q + bh * p.Nq * D, row0, p.Nq);
+    load_tile<Cfg, B_r>(sdO + stage * kTileQ, p.dout + bh * p.Nq * D, row0, p.Nq);
+  };
+  load_tile<Cfg, B_c>(sK, p.k + bh_kv * p.Nk * D, key0, p.Nk);
+  load_tile<Cfg, B_c>(sV, p.v + bh_kv * p.Nk * D, key0, p.Nk);
+  load_step(0, 0);
+  ptx::cp_async_commit();
+
+  float dK[2][8][4], dV[2][8][4];  // keys wk .. wk + 31, d columns wd .. wd + 63
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dK[mt][dt][e] = dV[mt][dt][e] = 0.f;
+
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % 2;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // step's tiles landed; the last step's reads of the other stage, P and dS are done
+    if (step + 1 < steps) load_step(step + 1, stage ^ 1);
+    ptx::cp_async_commit();
+    const int64_t bh = step_head(step);
+    const int query0 = step_block(step) * B_r;
+    const T* Q_i = sQ + stage * kTileQ;
+    const T* dO_i = sdO + stage * kTileQ;
+
+    float L_log2[2][2], D_i[2][2];  // rows g, g + 8 of this warp's two 16-row tiles (0 past Nq)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = query0 + wq + mt * 16 + lane / 4 + 8 * half;
+        const bool live = row < p.Nq;
+        L_log2[mt][half] = live ? p.lse[bh * p.Nq + row] * float(M_LOG2E) : 0.f;
+        D_i[mt][half] = live ? p.D[bh * p.Nq + row] : 0.f;
+      }
+    {
+      uint32_t P[2][4][2];  // P_ij as the products read it, 16 registers instead of 32
+      {
+        float S[2][4][4];
+        qk_tile<T, Sdp>(S, Q_i, sK + wk * Cfg::kStride, wq, lane);  // line 9: S_ij = Q_i K_jᵀ
+        const bool masked = ragged_keys || query0 + B_r > p.Nq || (p.causal && query0 + off < key0 + B_c - 1);
+        if (masked)  // line 10: P_ij = exp(S_ij − L_i)
+          probs<Sdp, true>(S, L_log2, p, query0 + wq, key0 + wk, lane);
+        else
+          probs<Sdp, false>(S, L_log2, p, query0 + wq, key0 + wk, lane);
+        pack_c<T>(P, S);
+      }
+      store_ps<Cfg>(sP, P, wq, wk, lane);
+      float dS[2][4][4];
+      qk_tile<T, Sdp>(dS, dO_i, sV + wk * Cfg::kStride, wq, lane);  // line 12: dP_ij = dO_i V_jᵀ
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)  // line 13: dS_ij = P_ij ∘ (dP_ij − D_i)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float2 pp = unpack2<T>(P[mt][nt][half]);
+            dS[mt][nt][2 * half] = pp.x * (dS[mt][nt][2 * half] - D_i[mt][half]);
+            dS[mt][nt][2 * half + 1] = pp.y * (dS[mt][nt][2 * half + 1] - D_i[mt][half]);
+          }
+      pack_c<T>(P, dS);  // the registers of P now hold dS_ij
+      store_ps<Cfg>(sdS, P, wq, wk, lane);
+    }
+    __syncthreads();  // all of P_ij, dS_ij in shared memory
+    if constexpr (kDqAtomics) {  // line 14: dQ_i += dS_ij K_j, fp32 atomics
+      float acc[2][4][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+      mma_smem<T, 2, 4, B_c / 16, false, true, LP, L>(acc, sdS, wq, sK, qd, 0, lane);
+      float* dQ = p.dq_acc + bh * p.Nq * D;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = query0 + wq + mt * 16 + lane / 4 + 8 * half;
+          if (row < p.Nq)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+              atomic_add2(dQ + int64_t(row) * D + qd + nt * 8 + 2 * (lane % 4), acc[mt][nt][2 * half],
+                          acc[mt][nt][2 * half + 1]);
+        }
+    }
+    // line 11: dV_j += P_ijᵀ dO_i; line 15: dK_j += dS_ijᵀ Q_i (A = [queries][keys]: k-major).
+    // (After dQ: in this order ptxas fits the kernel in 255 registers without a spill.)
+    mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dV, sP, wk, dO_i, wd, 0, lane);
+    mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dK, sdS, wk, Q_i, wd, 0, lane);
+  }
+
+  // line 17: dK_j (× scale), dV_j, the keys inside Nk
+  const unsigned cta = cta_index();
+  const int64_t kv_head = cta / p.T_c;
+  const int first_key = int(cta % p.T_c) * B_c + wk;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = first_key + mt * 16 + lane / 4 + 8 * half;
+      if (key >= p.Nk) continue;
+      const int64_t x = (kv_head * p.Nk + key) * D + wd + 2 * (lane % 4);
+#pragma unroll
+      for (int dt = 0; dt < 8; ++dt) {
+        *reinterpret_cast<uint32_t*>(p.dk + x + dt * 8) =
+            pack2<T>(p.scale * dK[mt][dt][2 * half], p.scale * dK[mt][dt][2 * half + 1]);
+        *reinterpret_cast<uint32_t*>(p.dv + x + dt * 8) = pack2<T>(dV[mt][dt][2 * half], dV[mt][dt][2 * half + 1]);
+      }
+    }
+}
+
 // ---------------------------------------------------------------- the launch
 
 template <typename T, int kD, DqMode kMode, class Cfg>
@@ -620,7 +846,10 @@ void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStre
   CUDA_CHECK_LAUNCH();
 
   // Stage::backward_refuse: both grids <= INT_MAX CTAs
-  auto kernel = fa2_backward_kernel<T, Cfg, kAtomics>;
+  auto kernel = [] {
+    if constexpr (Cfg::kTwoD) return fa2_backward_2d_kernel<T, Cfg, kAtomics>;
+    else return fa2_backward_kernel<T, Cfg, kAtomics>;
+  }();
   allow_smem<Cfg>(kernel);
   kernel<<<static_cast<unsigned>(bwd_ctas(p, Cfg::kKeys)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
   CUDA_CHECK_LAUNCH();

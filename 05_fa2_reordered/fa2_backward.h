@@ -28,6 +28,7 @@ template <int kD_,       // head dim d
           int kWarps_,   // B_c / keys per warp: more keys per warp reuse each Q_i, dO_i fragment more, cost dK, dV registers
           int kMinCtasPerSm_>  // __launch_bounds__: CTAs an SM must hold (1: no cap below 255 registers)
 struct BwdTile : Tile<kD_, kBc_, kBr_, kWarps_, 1> {
+  static constexpr bool kTwoD = false;  // fa2_backward_kernel (Bwd2dTile: fa2_backward_2d_kernel)
   static constexpr int kKeys = kBc_;
   static constexpr int kQueries = kBr_;
   static constexpr int kMinCtasPerSm = kMinCtasPerSm_;
@@ -45,6 +46,32 @@ struct BwdTile : Tile<kD_, kBc_, kBr_, kWarps_, 1> {
   static_assert(kQueries % kPassQueries_ == 0 && kPassQueries_ % 16 == 0, "whole 16-query mma steps per pass");
 };
 
+// FlashAttention-2's own split of a backward CTA (fa2_backward_2d_kernel), for d = 128:
+// B_c = 128 keys, B_r = 64 query rows per step, 8 warps, P_ij and dS_ij through shared
+// memory, 1 CTA per SM. Each product gets its own 2-D warp grid, so no warp reads all of a
+// tile:
+//   S_ij, dP_ij (64 x 128):    2 query halves x 4 key quarters, 32 x 32 a warp
+//   dV_j, dK_j (128 x d):      4 key quarters x 2 halves of d, 32 x 64 a warp (registers)
+//   dQ_i (64 x d):             2 query halves x 4 quarters of d, 32 x 32 a warp (atomics)
+template <int kD_>
+struct Bwd2dTile {
+  static constexpr bool kTwoD = true;
+  static constexpr int kD = kD_;
+  static constexpr int kKeys = 128, kQueries = 64, kWarps = 8, kThreads = 32 * kWarps;
+  static constexpr int kMinCtasPerSm = 1;
+  static constexpr int kElemBytes = fa2::kElemBytes;
+  using Layout = SwizzledRows<kD_>;
+  static constexpr int kStride = Layout::kStride;
+  static constexpr int kStepStages = 2;
+  using PsLayout = SwizzledRows<kKeys>;  // P_ij, dS_ij: [B_r][B_c], rows of B_c keys
+  // K_j, V_j; Q_i, dO_i x 2 stages; P_ij, dS_ij; room to align. (L_i, D_i: registers.)
+  static constexpr int kSmemBytes =
+      kElemBytes * (2 * kKeys * kD_ + 2 * kStepStages * kQueries * kD_ + 2 * kQueries * kKeys) + Layout::kAlign;
+  // S_ij's warp tile as the forward's Tile, for fa2_kernel.cuh's qk_tile: 32 rows x 32 keys.
+  using Sdp = Tile<kD_, 2 * 32, 32, 2, 1>;
+  static_assert(kD_ == 128, "the warp grids above are laid out for d = 128");
+};
+
 // How dQ_i = Σ_j dS_ij K_j is summed over the K/V blocks, which run in different CTAs:
 //  atomics:       each CTA adds its dS_ij K_j to an fp32 dQ_acc in HBM (FA2's choice); the
 //                 order of the adds varies from run to run, so dQ's last bits do too.
@@ -53,19 +80,22 @@ struct BwdTile : Tile<kD_, kBc_, kBr_, kWarps_, 1> {
 //                 atomics, no fp32 dQ buffer, and the same bits every run (deterministic).
 enum class DqMode { atomics, separate_pass };
 
-// The tile head dim d runs with: 4 warps, B_r = 64 query rows per step in two passes of 32,
-// up to 255 registers a thread (128 threads x 256 fit twice in an SM's 64 K), 2 CTAs per SM.
-// dK, dV take 128 of the registers either way: d = 128, 16 keys per warp (64 per CTA, 105
-// KiB of shared memory); d = 64, 32 keys per warp (128 per CTA, 81 KiB), so each Q_i, dO_i
-// fragment serves two key tiles. With all 64 query rows in one pass, Sᵀ and dPᵀ spill; at
-// d = 64 without dQ's atomics they spill in passes of 32 too (ptxas schedules the loop
-// differently), so that kernel takes passes of 16.
+// The tile head dim d runs with. d = 64: fa2_backward_kernel, 4 warps of 32 keys (128 per
+// CTA, 81 KiB of shared memory, 2 CTAs per SM), B_r = 64 query rows per step in two passes
+// of 32 (all 64 at once, Sᵀ and dPᵀ spill; without dQ's atomics passes of 32 spill too, as
+// ptxas schedules that loop differently, so that kernel takes passes of 16). dK, dV take 128
+// of the 255 registers; each Q_i, dO_i fragment serves the warp's two 16-key tiles.
+// d = 128: dK, dV of 32 keys would need 256 registers, and a warp of 16 keys reads all of
+// Q_i and dO_i for 16 keys' work; FA2's warp grids (Bwd2dTile) read less shared memory per
+// FLOP. BwdOwnKeysTile<128> is that 16-key kernel (the ablation 05_fa2_bwd_warps_own_keys).
 template <int kD, DqMode kMode = DqMode::atomics>
 struct BwdTileFor;
 template <DqMode kMode>
 struct BwdTileFor<64, kMode> : BwdTile<64, 128, 64, kMode == DqMode::atomics ? 32 : 16, 4, 1> {};
 template <DqMode kMode>
-struct BwdTileFor<128, kMode> : BwdTile<128, 64, 64, 32, 4, 1> {};
+struct BwdTileFor<128, kMode> : Bwd2dTile<128> {};
+template <int kD>
+struct BwdOwnKeysTile : BwdTile<kD, 64, 64, 32, 4, 1> {};
 
 // The dQ pass's tile (separate_pass): the forward's Tile, B_r query rows per CTA split over
 // the warps, B_c keys per step, a ring of K/V buffers; shared memory holds dO_i besides.

@@ -189,6 +189,16 @@ void add_backward(Stage& s) {
   s.launch_backward = launch_backward_stage<kMode>;
 }
 
+// The ablation of the d = 128 backward's warp grids: each warp owns 16 keys (BwdOwnKeysTile).
+using BwdOwnKeysDims = HeadDims<FA2_BWD_OWN_KEYS_HEAD_DIMS>;
+
+void launch_bwd_own_keys(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
+  dispatch(p, BwdOwnKeysDims{}, [&](auto element, auto d) {
+    constexpr int kD = decltype(d)::value;
+    fa2::launch_fa2_backward<decltype(element), kD, fa2::DqMode::atomics, fa2::BwdOwnKeysTile<kD>>(p, t, stream);
+  });
+}
+
 }  // namespace
 
 std::vector<Stage> fa2_stages() {
@@ -236,7 +246,23 @@ std::vector<Stage> fa2_stages() {
   dq_pass.summary = "05 whose backward sums dQ in a second pass over K/V instead of atomics (deterministic)";
   add_backward<fa2::DqMode::separate_pass>(dq_pass);
   std::vector<Stage> stages = {fa2, no_delay, one_cta, split_kv, prefetch, eager, padded, decode_stage(fa2)};
-  if (dq_pass.has_backward()) stages.push_back(dq_pass);  // a lab build compiles no backward
+  // The d = 128 backward without FA2's warp grids.
+  Stage own_keys = fa2;
+  own_keys.name = "05_fa2_bwd_warps_own_keys";
+  own_keys.prev = "05_fa2_reordered";
+  own_keys.summary = "05 whose d = 128 backward keeps P, dS in registers: a warp owns 16 keys, reads all of Q_i, dO_i";
+  add_backward<fa2::DqMode::atomics>(own_keys);
+  own_keys.backward_head_dims = BwdOwnKeysDims::list();
+  own_keys.backward_refuse = [](const AttnProblem& p) -> std::string {
+    const int64_t ctas = fa2::bwd_ctas(p, fa2::BwdOwnKeysTile<128>::kKeys);
+    if (ctas > INT_MAX)
+      return "ceil(Nk / B_c) * B * Hkv = " + std::to_string(ctas) + " thread blocks exceeds the grid limit " +
+             std::to_string(INT_MAX);
+    return "";
+  };
+  own_keys.launch_backward = launch_bwd_own_keys;
+  for (Stage* s : {&dq_pass, &own_keys})  // a lab build compiles no backward
+    if (s->has_backward() && !s->backward_head_dims.empty()) stages.push_back(*s);
   add_backward<fa2::DqMode::atomics>(stages.front());  // the other copies (ablations, decode) stay forward only
   return stages;
 }

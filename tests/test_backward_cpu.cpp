@@ -4,6 +4,7 @@
 // workspaces, the grids, and the refusals of forward-only rungs and unsupported head dims.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -140,9 +141,21 @@ TEST(Fa2Backward, TilesFitAndSplitEvenly) {
                                    4 * 4 * Cfg::kQueries + 128);
   };
   check(fa2::BwdTileFor<64, fa2::DqMode::atomics>{}, 64);
-  check(fa2::BwdTileFor<128, fa2::DqMode::atomics>{}, 128);
   check(fa2::BwdTileFor<64, fa2::DqMode::separate_pass>{}, 64);
-  check(fa2::BwdTileFor<128, fa2::DqMode::separate_pass>{}, 128);
+  check(fa2::BwdOwnKeysTile<128>{}, 128);
+  // d = 128, FA2's warp grids: 8 warps cover S_ij (2 x 4 tiles of 32 x 32), dK_j, dV_j (4 x 2 of
+  // 32 x 64) and dQ_i (2 x 4 of 32 x 32) exactly once each.
+  using T2 = fa2::BwdTileFor<128, fa2::DqMode::atomics>;
+  static_assert(T2::kTwoD, "d = 128 runs fa2_backward_2d_kernel");
+  EXPECT_EQ(T2::kWarps, 8);
+  EXPECT_EQ((T2::kQueries / 32) * (T2::kKeys / 32), T2::kWarps);  // S, dP
+  EXPECT_EQ((T2::kKeys / 32) * (T2::kD / 64), T2::kWarps);        // dK, dV
+  EXPECT_EQ((T2::kQueries / 32) * (T2::kD / 32), T2::kWarps);     // dQ
+  EXPECT_EQ(T2::Sdp::kWarpRows, 32);
+  EXPECT_EQ(T2::Sdp::kWarpKeys, 32);
+  // K_j, V_j, two stages of Q_i, dO_i, P_ij and dS_ij
+  EXPECT_EQ(T2::kSmemBytes, 2 * (2 * 128 * 128 + 4 * 64 * 128 + 2 * 64 * 128) + 128);
+  EXPECT_LE(T2::kSmemBytes, 227 * 1024);
   // The dQ pass: the forward's split (warps own rows of Q_i), Q_i, dO_i and a K/V ring in smem.
   auto check_dq = [](auto tile, int d) {
     using Cfg = decltype(tile);
@@ -178,7 +191,10 @@ TEST(Backward, StagesDeclareIt) {
   int with = 0;
   for (const Stage& s : registry()) {
     if (!s.supports(DType::bf16) || !s.supports_head_dim(64) || (s.refuse && !s.refuse(p).empty())) continue;
-    if (s.has_backward()) {
+    const auto& dims = s.backward_head_dims;
+    if (s.has_backward() && std::find(dims.begin(), dims.end(), p.d) == dims.end()) {  // an ablation at d = 128 only
+      EXPECT_THROW(validate_backward_problem(s, p), AttnError) << s.name;
+    } else if (s.has_backward()) {
       ++with;
       EXPECT_NO_THROW(validate_backward_problem(s, p)) << s.name;
       EXPECT_GT(s.backward_workspace(p), 0u) << s.name;

@@ -26,7 +26,7 @@ import attn_ladder  # noqa: E402
 if not attn_ladder.library_path().is_file():
     pytest.skip(f"libattn_ladder.so not built ({attn_ladder.library_path()})", allow_module_level=True)
 
-BACKWARD_RUNGS = [r for r in ("04_fa1_tiled", "05_fa2_reordered") if r in attn_ladder.rungs()]
+BACKWARD_RUNGS = [r for r in ("04_fa1_tiled", "05_fa2_reordered", "05_fa2_dq_pass") if r in attn_ladder.rungs()]
 BOUND = {torch.bfloat16: 1e-2, torch.float16: 3e-3}  # common/tolerance.h, the forward's
 SHAPES = [  # (B, H, Hkv, Nq, Nk, d, causal): one key, odd lengths, GQA 4, Nq < Nk and Nq > Nk
     (1, 2, 2, 1, 1, 64, False),
