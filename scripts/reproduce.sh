@@ -91,8 +91,8 @@ build/bench/fp8_accuracy --time --csv "$out_dir/fp8_accuracy.csv" 2>&1 | tee "$o
 log "decode: 05_fa2_decode on the decode sweep (B 1, 8, 32; Nq 1, 4; Nk 4k-128k; GQA 32/8)"
 build/bench/attn_bench --decode-sweep --rungs 05_fa2_decode,05_fa2_reordered,06d_fa3 --csv "$out_dir/decode.csv" \
   > "$out_dir/decode.log" 2>&1 || log "decode: some rows FAILED (see decode.log)"
-log "backward: 04 and 05 on the paper sweep, d = 64, 128 (FLOPs 2.5x the forward's)"
-build/bench/attn_bench --backward --paper-sweep --d 64,128 --rungs 04_fa1_tiled,05_fa2_reordered --check \
+log "backward: 04, 05 and its dQ-pass and own-keys ablations on the paper sweep, d = 64, 128 (FLOPs 2.5x the forward's)"
+build/bench/attn_bench --backward --paper-sweep --d 64,128 --rungs 04_fa1_tiled,05_fa2_reordered,05_fa2_dq_pass,05_fa2_bwd_warps_own_keys --check \
   --csv "$out_dir/backward.csv" > "$out_dir/backward.log" 2>&1 || log "backward: some rows FAILED (see backward.log)"
 
 log "tile timeline: where a persistent 06d / FP8 CTA's time goes, d = 128 (log $out_dir/tile_timeline.txt)"
