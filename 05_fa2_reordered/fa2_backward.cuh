@@ -669,6 +669,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
   T* sdO = sQ + 2 * kTileQ;         // [2][B_r][d]
   T* sP = sdO + 2 * kTileQ;         // [B_r][B_c]
   T* sdS = sP + B_r * B_c;          // [B_r][B_c]
+  float* sL = reinterpret_cast<float*>(sdS + B_r * B_c);  // [2][B_r]: L_i (0 past Nq)
+  float* sD = sL + 2 * B_r;                               // [2][B_r]: D_i (0 past Nq)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wq = 32 * (warp % 2), wk = 32 * (warp / 2);  // S, dP: this warp's queries, keys
   const int wd = 64 * (warp % 2);                       // dK, dV: keys wk, d columns wd ..
@@ -692,6 +694,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
     const int row0 = step_block(step) * B_r;
     load_tile<Cfg, B_r>(sQ + stage * kTileQ, p.q + bh * p.Nq * D, row0, p.Nq);
     load_tile<Cfg, B_r>(sdO + stage * kTileQ, p.dout + bh * p.Nq * D, row0, p.Nq);
+    if (threadIdx.x < B_r) {
+      const int row = row0 + threadIdx.x;
+      const bool live = row < p.Nq;
+      const int64_t x = live ? bh * p.Nq + row : 0;
+      cp_async_4(ptx::smem_u32(sL + stage * B_r + threadIdx.x), p.lse + x, live);
+      cp_async_4(ptx::smem_u32(sD + stage * B_r + threadIdx.x), p.D + x, live);
+    }
   };
   load_tile<Cfg, B_c>(sK, p.k + bh_kv * p.Nk * D, key0, p.Nk);
   load_tile<Cfg, B_c>(sV, p.v + bh_kv * p.Nk * D, key0, p.Nk);
@@ -717,15 +726,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
     const T* Q_i = sQ + stage * kTileQ;
     const T* dO_i = sdO + stage * kTileQ;
 
-    float L_log2[2][2], D_i[2][2];  // rows g, g + 8 of this warp's two 16-row tiles (0 past Nq)
+    float L_log2[2][2], D_i[2][2];  // rows g, g + 8 of this warp's two 16-row tiles
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = query0 + wq + mt * 16 + lane / 4 + 8 * half;
-        const bool live = row < p.Nq;
-        L_log2[mt][half] = live ? p.lse[bh * p.Nq + row] * float(M_LOG2E) : 0.f;
-        D_i[mt][half] = live ? p.D[bh * p.Nq + row] : 0.f;
+        const int r = stage * B_r + wq + mt * 16 + lane / 4 + 8 * half;
+        L_log2[mt][half] = sL[r] * float(M_LOG2E);
+        D_i[mt][half] = sD[r];
       }
     {
       uint32_t P[2][4][2];  // P_ij as the products read it, 16 registers instead of 32

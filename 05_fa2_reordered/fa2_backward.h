@@ -64,9 +64,10 @@ struct Bwd2dTile {
   static constexpr int kStride = Layout::kStride;
   static constexpr int kStepStages = 2;
   using PsLayout = SwizzledRows<kKeys>;  // P_ij, dS_ij: [B_r][B_c], rows of B_c keys
-  // K_j, V_j; Q_i, dO_i x 2 stages; P_ij, dS_ij; room to align. (L_i, D_i: registers.)
+  // K_j, V_j; Q_i, dO_i x 2 stages; P_ij, dS_ij; L_i, D_i x 2 stages; room to align.
   static constexpr int kSmemBytes =
-      kElemBytes * (2 * kKeys * kD_ + 2 * kStepStages * kQueries * kD_ + 2 * kQueries * kKeys) + Layout::kAlign;
+      kElemBytes * (2 * kKeys * kD_ + 2 * kStepStages * kQueries * kD_ + 2 * kQueries * kKeys) +
+      int(sizeof(float)) * 2 * kStepStages * kQueries + Layout::kAlign;
   // S_ij's warp tile as the forward's Tile, for fa2_kernel.cuh's qk_tile: 32 rows x 32 keys.
   using Sdp = Tile<kD_, 2 * 32, 32, 2, 1>;
   static_assert(kD_ == 128, "the warp grids above are laid out for d = 128");

@@ -153,8 +153,8 @@ TEST(Fa2Backward, TilesFitAndSplitEvenly) {
   EXPECT_EQ((T2::kQueries / 32) * (T2::kD / 32), T2::kWarps);     // dQ
   EXPECT_EQ(T2::Sdp::kWarpRows, 32);
   EXPECT_EQ(T2::Sdp::kWarpKeys, 32);
-  // K_j, V_j, two stages of Q_i, dO_i, P_ij and dS_ij
-  EXPECT_EQ(T2::kSmemBytes, 2 * (2 * 128 * 128 + 4 * 64 * 128 + 2 * 64 * 128) + 128);
+  // K_j, V_j, two stages of Q_i, dO_i, P_ij and dS_ij, two stages of L_i, D_i
+  EXPECT_EQ(T2::kSmemBytes, 2 * (2 * 128 * 128 + 4 * 64 * 128 + 2 * 64 * 128) + 4 * 4 * 64 + 128);
   EXPECT_LE(T2::kSmemBytes, 227 * 1024);
   // The dQ pass: the forward's split (warps own rows of Q_i), Q_i, dO_i and a K/V ring in smem.
   auto check_dq = [](auto tile, int d) {
