@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const Bw
       const uint4 O8 = *reinterpret_cast<const uint4*>(p.o + x);
       const T* dO_e = reinterpret_cast<const T*>(&dO8);
       const T* O_e = reinterpret_cast<const T*>(&O8);
-#pragma unroll
-      for (int e = 0; e < kChunkElems; ++e) dot += to_float(dO_e[e]) * to_float(O_e[e]);
+#pragma unroll  // LAB:BEGIN 05b.rowsum_do_o
+      for (int e = 0; e < kChunkElems; ++e) dot += to_float(dO_e[e]) * to_float(O_e[e]);  // LAB:END
       if (p.dq_acc) {
         float4* acc = reinterpret_cast<float4*>(p.dq_acc + x);
         acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -166,13 +166,13 @@ __device__ __forceinline__ void probs_t(float (&S)[Frag<Cfg>::kM][Frag<Cfg>::kS]
       for (int e = 0; e < 2; ++e) {
         const int col = nt * 8 + 2 * (lane % 4) + e, query = query0 + col;
         float& s = S[mt][nt][2 * half + e];
-        const float p_val = exp2_approx(fmaf(s, p.scale_log2, -L[col] * float(M_LOG2E)));
+        const float p_val = exp2_approx(fmaf(s, p.scale_log2, -L[col] * float(M_LOG2E)));  // LAB:BEGIN 05b.recompute_p
         if constexpr (kMasked) {
           const bool visible = key < p.Nk && query < p.Nq && (!p.causal || key <= query + (p.Nk - p.Nq));
           s = visible ? p_val : 0.f;
         } else {
           s = p_val;
-        }
+        }  // LAB:END
       }
   }
 }
@@ -205,8 +205,8 @@ __device__ __forceinline__ void ds_t(float (&dP)[Frag<Cfg>::kM][Frag<Cfg>::kS][4
       for (int half = 0; half < 2; ++half) {  // rows g, g + 8
         const float2 p = unpack2<T>(P[mt][nt / 2][(nt % 2) * 2 + half]);
         const int col = nt * 8 + 2 * (lane % 4);
-        dP[mt][nt][2 * half] = p.x * (dP[mt][nt][2 * half] - D[col]);
-        dP[mt][nt][2 * half + 1] = p.y * (dP[mt][nt][2 * half + 1] - D[col + 1]);
+        dP[mt][nt][2 * half] = p.x * (dP[mt][nt][2 * half] - D[col]);  // LAB:BEGIN 05b.ds
+        dP[mt][nt][2 * half + 1] = p.y * (dP[mt][nt][2 * half + 1] - D[col + 1]);  // LAB:END
       }
 }
 

@@ -3,11 +3,12 @@
 // warpgroup stamps the SM clock (clock64) at the events of fa3_common.cuh's Mark; then the
 // medians over every CTA's tiles, and, for the middle K/V block of each tile, where the
 // block's time goes (the steps of overlapped_blocks). A clock read is not a scheduling
-// fence, so the steps are named in the order the SASS has them: at d = 128 ptxas moves
-// the P V's wait above the softmax and leaves the mark written after the wait below the
-// softmax, so "P V lands, softmax" is one step (cuobjdump -sass build/bench/tile_timeline:
-// the CS2R ... SR_CLOCKLO). A mark between the softmax and the wait would hold the
-// softmax there (measured: that order is another kernel), so there is none.
+// fence, so the steps are named in the order the SASS has them: the wait for P V_j-1
+// follows the softmax of S_ij (06d.md; scripts/sass_order.py checks it), and the mark
+// written after that wait closes one step, "softmax of S_ij, P V_j-1 lands" (cuobjdump
+// -sass build/bench/tile_timeline: the CS2R ... SR_CLOCKLO). A mark between the softmax
+// and the wait would hold the softmax there (measured: that order is another kernel), so
+// there is none.
 //
 //   build/bench/tile_timeline [--n 4096] [--fp8]      (B = 16384 / N, H = 16, d = 128, no
 //                                                     mask, N(0,1) inputs)
@@ -126,7 +127,7 @@ int report(const char* name, const AttnProblem& p, Launch&& launch) {
       {"issue S_ij", M::turn_taken, M::s_issued, false},
       {"V_j-1 ready, issue P V_j-1", M::s_issued, M::gemms_issued, false},
       {"S_ij = Q_i K_j^T lands", M::gemms_issued, M::s_landed, false},
-      {"P V_j-1 lands, softmax of S_ij", M::s_landed, M::pv_landed, false},
+      {"softmax of S_ij, P V_j-1 lands", M::s_landed, M::pv_landed, false},
       {"rescale O_i, P_ij -> operand", M::pv_landed, M::block_end, false},
       {"the whole block", M::block_begin, M::block_end, false},
   };

@@ -26,6 +26,7 @@
 #include "bench/harness.h"
 #include "common/check.h"
 #include "common/hbm_model.h"
+#include "common/reference_backward.h"
 #include "common/tolerance.h"
 #ifdef ATTN_HAS_RUNG_01
 #include "01_naive/score_pipeline.h"
@@ -141,6 +142,9 @@ class Grader {
     if (kind == "causal_speedup") return causal_speedup(c);
     if (kind == "range") return range(c);
     if (kind == "outliers") return outliers(c);
+    if (kind == "backward") return gradients(backward_problems(false));
+    if (kind == "backward_causal") return gradients(backward_problems(true));
+    if (kind == "backward_gqa") return gradients(backward_gqa_problems());
 #ifdef ATTN_LAB_PROBE
     const ProbeResult r = run_probe(kind);
     if (r.known) {
@@ -250,6 +254,79 @@ class Grader {
     }
     if (failures.empty())
       return {true, std::to_string(ps.size()) + " problems, worst error vs fp64 " + fmt(worst)};
+    return {false, std::to_string(failures.size()) + " of " + std::to_string(ps.size()) +
+                       " problems wrong; first: " + failures.front()};
+  }
+
+  // ------------------------------------------------------------ dQ, dK, dV against fp64
+
+  std::vector<int> backward_head_dims() const {
+    std::vector<int> dims;
+    for (int d : s_.backward_head_dims)
+      if (d == 64 || d == 128) dims.push_back(d);
+    if (dims.empty()) throw AttnError(s_.name + " has no backward pass at d = 64 or 128 in this build");
+    return dims;
+  }
+
+  std::vector<AttnProblem> backward_problems(bool causal) const {
+    std::vector<std::pair<int, int>> lengths = {{1, 1}, {17, 17}, {113, 113}, {300, 300}, {17, 300}, {300, 113}};
+    if (causal) lengths.push_back({200, 65});  // Nq > Nk: the first 135 rows see no key
+    std::vector<AttnProblem> ps;
+    for (DType t : dtypes(s_))
+      for (int d : backward_head_dims())
+        for (auto [Nq, Nk] : lengths) ps.push_back(problem(1, 2, 2, Nq, Nk, d, causal, t));
+    return ps;
+  }
+
+  std::vector<AttnProblem> backward_gqa_problems() const {
+    std::vector<AttnProblem> ps;
+    for (int d : backward_head_dims())
+      for (int Hkv : {2, 1})
+        for (bool causal : {false, true}) ps.push_back(problem(2, 4, Hkv, 300, 300, d, causal, dtypes(s_).front()));
+    return ps;
+  }
+
+  // "" when dQ, dK and dV of p are written, finite and within the dtype's bound of the fp64
+  // backward (common/reference_backward.h); else what is wrong.
+  std::string compare_gradients(const AttnProblem& p, uint64_t seed, double* worst) {
+    ProblemInputs in(p, seed, Fill::normal, 0.f, 1.f, stream_, true);
+    GradInput g(p, seed + 1, Fill::normal, 0.f, 1.f, stream_, true);
+    const ReferenceGrads ref = reference_backward(p, in.host, g.host);
+    const RungGrads out = run_rung_backward(s_, in, g, stream_);  // poisons dQ, dK, dV first
+    const DType t = storage_dtype(p.dtype);
+    const char* names[3] = {"dQ", "dK", "dV"};
+    const DeviceBuffer* got[3] = {&out.dq, &out.dk, &out.dv};
+    const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
+    std::string why;
+    for (int x = 0; x < 3; ++x) {
+      const int64_t n = int64_t(want[x]->size());
+      const int64_t bad = count_nonfinite(got[x]->get(), n, t, stream_);
+      if (bad) {
+        why += std::string(why.empty() ? "" : "; ") + names[x] + " " + std::to_string(bad) + " of " +
+               std::to_string(n) + " unwritten or not finite";
+        continue;
+      }
+      double max_abs = 0;
+      const double err = rel_frobenius(download_as_double(got[x]->get(), n, t), *want[x], &max_abs);
+      *worst = std::max(*worst, err);
+      if (!(err <= tolerance(p.dtype)))
+        why += std::string(why.empty() ? "" : "; ") + names[x] + " error vs fp64 " + fmt(err) + " (bound " +
+               fmt(tolerance(p.dtype)) + "), max abs error " + fmt(max_abs);
+    }
+    return why.empty() ? "" : p.describe() + ": " + why;
+  }
+
+  Outcome gradients(const std::vector<AttnProblem>& ps) {
+    std::vector<std::string> failures;
+    double worst = 0;
+    uint64_t seed = 3000;
+    for (const AttnProblem& p : ps) {
+      std::string why = compare_gradients(p, seed, &worst);
+      seed += 2;
+      if (!why.empty()) failures.push_back(why);
+    }
+    if (failures.empty())
+      return {true, std::to_string(ps.size()) + " problems, worst error of dQ, dK, dV vs fp64 " + fmt(worst)};
     return {false, std::to_string(failures.size()) + " of " + std::to_string(ps.size()) +
                        " problems wrong; first: " + failures.front()};
   }
