@@ -109,6 +109,20 @@ def test_backward_under_torch_compile(rung):
         assert rel_err(traced, eager) <= 1e-2
 
 
+def test_dq_pass_gradients_are_bitwise_reproducible():
+    # 05_fa2_dq_pass sums dQ without atomics: the same inputs give the same bits, run after run.
+    if "05_fa2_dq_pass" not in BACKWARD_RUNGS or 128 not in attn_ladder.backward_head_dims("05_fa2_dq_pass"):
+        pytest.skip("05_fa2_dq_pass has no d = 128 backward in this build")
+    q, k, v, w = make(2, 8, 2, 1000, 1000, 128, torch.bfloat16, seed=5)
+    runs = []
+    for _ in range(2):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        (attn_ladder.attention(*leaves, rung="05_fa2_dq_pass", causal=True) * w).sum().backward()
+        runs.append([t.grad for t in leaves])
+    for name, a, b in zip("qkv", *runs):
+        assert torch.equal(a, b), f"d{name} differs between two runs"
+
+
 def test_gradient_through_a_rung_without_backward_is_refused():
     q, k, v, _ = make(1, 2, 2, 33, 33, 64, torch.bfloat16)
     q.requires_grad_()
