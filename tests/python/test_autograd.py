@@ -109,6 +109,28 @@ def test_backward_under_torch_compile(rung):
         assert rel_err(traced, eager) <= 1e-2
 
 
+@pytest.mark.parametrize("rung", BACKWARD_RUNGS)
+def test_backward_memory_grows_linearly_in_n(rung):
+    # No N x N matrix: what loss.backward() allocates beyond the forward (gradients, workspace)
+    # doubles with N, far below one N x N fp32 matrix per head.
+    H, d = 4, 64
+
+    def backward_bytes(N):
+        q, k, v, w = make(1, H, H, N, N, d, torch.bfloat16, seed=7)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        loss = (attn_ladder.attention(q, k, v, rung=rung, causal=False) * w).sum()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        loss.backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+
+    small, large = backward_bytes(2048), backward_bytes(4096)
+    assert large <= 2.2 * small, f"N = 2048: {small} bytes, N = 4096: {large}"
+    assert large < 0.05 * H * 4096 * 4096 * 4, f"{large} bytes: near an N x N matrix"
+
+
 def test_dq_pass_gradients_are_bitwise_reproducible():
     # 05_fa2_dq_pass sums dQ without atomics: the same inputs give the same bits, run after run.
     if "05_fa2_dq_pass" not in BACKWARD_RUNGS or 128 not in attn_ladder.backward_head_dims("05_fa2_dq_pass"):
