@@ -168,16 +168,23 @@ void launch_backward_stage(const AttnProblem& p, const AttnBwdTensors& t, cudaSt
   });
 }
 
+// The main backward kernel's grid, one CTA per (K/V block of `keys`, batch, KV head), within
+// the grid limit.
+std::string refuse_bwd_grid(const AttnProblem& p, int keys) {
+  const int64_t ctas = fa2::bwd_ctas(p, keys);
+  if (ctas > INT_MAX)
+    return "ceil(Nk / B_c) * B * Hkv = " + std::to_string(ctas) + " thread blocks exceeds the grid limit " +
+           std::to_string(INT_MAX);
+  return "";
+}
+
 template <fa2::DqMode kMode>
 void add_backward(Stage& s) {
   s.backward_head_dims = BackwardDims::list();
   if (s.backward_head_dims.empty()) return;  // a lab build compiles no backward
   s.backward_refuse = [](const AttnProblem& p) -> std::string {
     const int keys = p.d <= 64 ? fa2::BwdTileFor<64, kMode>::kKeys : fa2::BwdTileFor<128, kMode>::kKeys;
-    const int64_t ctas = fa2::bwd_ctas(p, keys);
-    if (ctas > INT_MAX)
-      return "ceil(Nk / B_c) * B * Hkv = " + std::to_string(ctas) + " thread blocks exceeds the grid limit " +
-             std::to_string(INT_MAX);
+    if (std::string why = refuse_bwd_grid(p, keys); !why.empty()) return why;
     const int64_t dq_ctas =
         fa2::bwd_dq_ctas(p, p.d <= 64 ? fa2::DqTileFor<64>::kBr : fa2::DqTileFor<128>::kBr);
     if (kMode == fa2::DqMode::separate_pass && dq_ctas > INT_MAX)
@@ -253,13 +260,7 @@ std::vector<Stage> fa2_stages() {
   own_keys.summary = "05 whose d = 128 backward keeps P, dS in registers: a warp owns 16 keys, reads all of Q_i, dO_i";
   add_backward<fa2::DqMode::atomics>(own_keys);
   own_keys.backward_head_dims = BwdOwnKeysDims::list();
-  own_keys.backward_refuse = [](const AttnProblem& p) -> std::string {
-    const int64_t ctas = fa2::bwd_ctas(p, fa2::BwdOwnKeysTile<128>::kKeys);
-    if (ctas > INT_MAX)
-      return "ceil(Nk / B_c) * B * Hkv = " + std::to_string(ctas) + " thread blocks exceeds the grid limit " +
-             std::to_string(INT_MAX);
-    return "";
-  };
+  own_keys.backward_refuse = [](const AttnProblem& p) { return refuse_bwd_grid(p, fa2::BwdOwnKeysTile<128>::kKeys); };
   own_keys.launch_backward = launch_bwd_own_keys;
   for (Stage* s : {&dq_pass, &own_keys})  // a lab build compiles no backward
     if (s->has_backward() && !s->backward_head_dims.empty()) stages.push_back(*s);
