@@ -685,13 +685,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
   const int T_r = (p.Nq + B_r - 1) / B_r;
   const int blocks_per_head = T_r - first_i;
   const int steps = p.group * blocks_per_head;
-  auto step_head = [&](int step) { return bh0 + step / blocks_per_head; };
-  auto step_block = [&](int step) { return first_i + step % blocks_per_head; };
   const bool ragged_keys = key0 + B_c > p.Nk;
+  // The steps' (query head, Q block), advanced one step at a time: no division in the loop.
+  struct Pos {
+    int bh, block;
+  };
+  auto advance = [&](Pos q) { return ++q.block < T_r ? q : Pos{q.bh + 1, first_i}; };
 
-  auto load_step = [&](int step, int stage) {
-    const int64_t bh = step_head(step);
-    const int row0 = step_block(step) * B_r;
+  auto load_step = [&](Pos at, int stage) {
+    const int64_t bh = at.bh;
+    const int row0 = at.block * B_r;
     load_tile<Cfg, B_r>(sQ + stage * kTileQ, p.q + bh * p.Nq * D, row0, p.Nq);
     load_tile<Cfg, B_r>(sdO + stage * kTileQ, p.dout + bh * p.Nq * D, row0, p.Nq);
     if (threadIdx.x < B_r) {
@@ -704,7 +707,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
   };
   load_tile<Cfg, B_c>(sK, p.k + bh_kv * p.Nk * D, key0, p.Nk);
   load_tile<Cfg, B_c>(sV, p.v + bh_kv * p.Nk * D, key0, p.Nk);
-  load_step(0, 0);
+  Pos at{bh0, first_i};
+  load_step(at, 0);
   ptx::cp_async_commit();
 
   float dK[2][8][4], dV[2][8][4];  // keys wk .. wk + 31, d columns wd .. wd + 63
@@ -719,10 +723,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
     const int stage = step % 2;
     ptx::cp_async_wait<0>();
     __syncthreads();  // step's tiles landed; the last step's reads of the other stage, P and dS are done
-    if (step + 1 < steps) load_step(step + 1, stage ^ 1);
+    const Pos next = advance(at);
+    if (step + 1 < steps) load_step(next, stage ^ 1);
     ptx::cp_async_commit();
-    const int64_t bh = step_head(step);
-    const int query0 = step_block(step) * B_r;
+    const int64_t bh = at.bh;
+    const int query0 = at.block * B_r;
+    at = next;
     const T* Q_i = sQ + stage * kTileQ;
     const T* dO_i = sdO + stage * kTileQ;
 
