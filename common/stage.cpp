@@ -14,6 +14,10 @@ bool Stage::supports_head_dim(int d) const {
   return std::find(head_dims.begin(), head_dims.end(), d) != head_dims.end();
 }
 
+bool Stage::supports_backward_head_dim(int d) const {
+  return has_backward() && std::find(backward_head_dims.begin(), backward_head_dims.end(), d) != backward_head_dims.end();
+}
+
 namespace {
 template <typename T>
 std::string join(const std::vector<T>& v) {
@@ -97,7 +101,7 @@ void validate_backward_problem(const Stage& s, const AttnProblem& p) {
   if (!s.has_backward()) throw AttnError(s.name + ": no backward pass (this rung is forward only)");
   validate_problem(s, p);
   auto fail = [&](const std::string& why) { throw AttnError(s.name + " backward: " + why + " [" + p.describe() + "]"); };
-  if (std::find(s.backward_head_dims.begin(), s.backward_head_dims.end(), p.d) == s.backward_head_dims.end())
+  if (!s.supports_backward_head_dim(p.d))
     fail("head dim d = " + std::to_string(p.d) + " is not supported (supported: " + join(s.backward_head_dims) + ")");
   if (s.backward_refuse) {
     std::string why = s.backward_refuse(p);

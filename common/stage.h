@@ -69,6 +69,7 @@ struct Stage {
   }
   bool supports(DType t) const;
   bool supports_head_dim(int d) const;
+  bool supports_backward_head_dim(int d) const;  // has_backward() and d in backward_head_dims
 };
 
 // Checks that need no GPU: sizes >= 1, Hkv divides H, dtype and head dim supported,

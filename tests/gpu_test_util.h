@@ -37,6 +37,17 @@ inline bool runs_here(const Stage& s, const AttnProblem& p) {
   }
 }
 
+// As runs_here, for the stage's backward pass (validate_backward_problem).
+inline bool backward_runs_here(const Stage& s, const AttnProblem& p) {
+  try {
+    validate_backward_problem(s, p);
+    validate_device(s);
+    return true;
+  } catch (const AttnError&) {
+    return false;
+  }
+}
+
 // Every element written and finite, relative error within the dtype's bound, lse where the
 // rung writes it (-inf for rows that see no key).
 inline void expect_matches_reference(const Stage& s, const RungOutput& out, const ProblemInputs& in,

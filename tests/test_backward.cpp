@@ -56,16 +56,6 @@ std::vector<const Stage*> backward_stages() {
   return out;
 }
 
-bool backward_runs_here(const Stage& s, const AttnProblem& p) {
-  try {
-    validate_backward_problem(s, p);
-    validate_device(s);
-    return true;
-  } catch (const AttnError&) {
-    return false;
-  }
-}
-
 // ||a - b|| / ||ref||, absolute where ref = 0: two rungs' gradients compared on the scale of
 // the true one. (With one key, dQ and dK are exactly 0 and both rungs return rounding noise,
 // which relative to each other is any size.)

@@ -151,24 +151,12 @@ def _load():
         lib.attn_backward_info.restype = ctypes.c_int
         lib.attn_backward_workspace_bytes.argtypes = lib.attn_workspace_bytes.argtypes
         lib.attn_backward_workspace_bytes.restype = ctypes.c_int
-        lib.attn_run_backward_async.argtypes = [
-            ctypes.c_char_p,  # rung
-            ctypes.POINTER(_Problem),
-            ctypes.c_void_p,  # q
-            ctypes.c_void_p,  # k
-            ctypes.c_void_p,  # v
-            ctypes.c_void_p,  # o
-            ctypes.c_void_p,  # lse
+        lib.attn_run_backward_async.argtypes = lib.attn_run.argtypes[:7] + [  # rung, problem, q, k, v, o, lse
             ctypes.c_void_p,  # dout
             ctypes.c_void_p,  # dq
             ctypes.c_void_p,  # dk
             ctypes.c_void_p,  # dv
-            ctypes.c_void_p,  # workspace
-            ctypes.c_size_t,  # workspace_bytes
-            ctypes.c_void_p,  # cudaStream_t
-            ctypes.c_char_p,  # err
-            ctypes.c_size_t,  # err_len
-        ]
+        ] + lib.attn_run_async.argtypes[7:]  # workspace, workspace_bytes, stream, err, err_len
         lib.attn_run_backward_async.restype = ctypes.c_int
     _lib = lib
     return lib
