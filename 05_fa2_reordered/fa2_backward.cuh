@@ -70,7 +70,7 @@ struct BwdParams {
   const T* o;      // [B, H, Nq, d]
   const T* dout;   // [B, H, Nq, d]
   const float* lse;  // [B, H, Nq] natural log
-  float* dq_acc;   // [B, H, Nq, d] fp32 workspace (DqMode::atomics; null with separate_pass)
+  float* dq_acc;   // fp32 workspace in 8 x 8 blocks (fa2_backward.h: dq_acc_offset; null with separate_pass)
   float* D;        // [B, H, Nq] fp32 workspace
   T* dq;           // [B, H, Nq, d]
   T* dk;           // [B, Hkv, Nk, d]
@@ -109,8 +109,10 @@ __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const Bw
       const T* O_e = reinterpret_cast<const T*>(&O8);
 #pragma unroll  // LAB:BEGIN 05b.rowsum_do_o
       for (int e = 0; e < kChunkElems; ++e) dot += to_float(dO_e[e]) * to_float(O_e[e]);  // LAB:END
-      if (p.dq_acc) {
-        float4* acc = reinterpret_cast<float4*>(p.dq_acc + x);
+      if (p.dq_acc) {  // the row's 8 columns of this chunk: 8 consecutive floats
+        const int r = int(row % p.Nq);
+        float4* acc = reinterpret_cast<float4*>(p.dq_acc + row / p.Nq * dq_acc_rows(p.Nq) * kD +
+                                                dq_acc_offset<kD>(r, chunk * kChunkElems));
         acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
@@ -235,14 +237,19 @@ __device__ inline void cp_async_4(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 
-// dQ_acc[rows] += a (row g) and b (row g + 8) at two adjacent columns: one 8-byte atomic each
-// on sm_90, two 4-byte ones before.
-__device__ __forceinline__ void atomic_add2(float* dst, float x, float y) {
+// dst[0] += x, dst[1] += y where live: one predicated 8-byte red on sm_90 (no branch, so a
+// lane's adds share one address register and immediate offsets), two 4-byte atomics before.
+__device__ __forceinline__ void atomic_add2(float* dst, float x, float y, bool live) {
 #if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\t@p red.global.add.v2.f32 [%0], {%1, %2};\n\t}\n" ::"l"(dst),
+      "f"(x), "f"(y), "r"(int(live))
+      : "memory");
 #else
-  atomicAdd(dst, x);
-  atomicAdd(dst + 1, y);
+  if (live) {
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+  }
 #endif
 }
 
@@ -265,7 +272,8 @@ __device__ __forceinline__ void dq_tile(const BwdParams<T>& p, const T* sK, cons
       ptx::smem_u32(dST + DsLayout<Cfg>::offset(lane % 8 + 8 * (lane / 16), (lane / 8) % 2));
   const uint32_t k_base = lane_row<Cfg>(sK, lane % 16, lane / 16);
   const int row_g = query0 + row_tile * 16 + lane / 4;  // rows g and g + 8 of the tile
-  float* dQ = p.dq_acc + int64_t(bh) * p.Nq * Cfg::kD;
+  // dQ_acc's 8 x 8 block of C tile n of a chunk holds the lane's pair at 2 lane
+  float* dQ = p.dq_acc + (bh * dq_acc_rows(p.Nq) + query0 + row_tile * 16) * Cfg::kD + 2 * lane;
 #pragma unroll
   for (int chunk = first_chunk; chunk < kChunks; chunk += kChunkStride) {
     float acc[kChunkCols / 8][4];
@@ -286,14 +294,12 @@ __device__ __forceinline__ void dq_tile(const BwdParams<T>& p, const T* sK, cons
       }
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = row_g + 8 * half;
-      if (row < p.Nq)
+    for (int half = 0; half < 2; ++half)
+      if (row_g + 8 * half < p.Nq)  // (a branch: the predicate as an operand spills this kernel)
 #pragma unroll
         for (int n = 0; n < kChunkCols / 8; ++n)
-          atomic_add2(dQ + int64_t(row) * Cfg::kD + chunk * kChunkCols + n * 8 + 2 * (lane % 4), acc[n][2 * half],
-                      acc[n][2 * half + 1]);
-    }
+          atomic_add2(dQ + half * 8 * Cfg::kD + (chunk * kChunkCols / 8 + n) * 64, acc[n][2 * half],
+                      acc[n][2 * half + 1], true);
   }
 }
 
@@ -439,12 +445,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm) fa2_backwar
 
 // ---------------------------------------------------------------- dQ = scale dQ_acc
 
-template <typename T>
-__global__ void fa2_backward_convert_dq(const float* __restrict__ dq_acc, T* __restrict__ dq, int64_t chunks,
+// One thread per 8-element chunk of dQ (row-major), read from dQ_acc's 8 consecutive floats.
+template <typename T, int kD>
+__global__ void fa2_backward_convert_dq(const float* __restrict__ dq_acc, T* __restrict__ dq, int64_t chunks, int Nq,
                                         float scale) {
+  constexpr int kChunksPerRow = kD / kChunkElems;
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
-    const float4 lo = reinterpret_cast<const float4*>(dq_acc)[2 * c];
-    const float4 hi = reinterpret_cast<const float4*>(dq_acc)[2 * c + 1];
+    const int64_t row = c / kChunksPerRow;
+    const float* src = dq_acc + row / Nq * dq_acc_rows(Nq) * kD +
+                       dq_acc_offset<kD>(int(row % Nq), int(c % kChunksPerRow) * kChunkElems);
+    const float4 lo = reinterpret_cast<const float4*>(src)[0];
+    const float4 hi = reinterpret_cast<const float4*>(src)[1];
     uint4 out;
     out.x = pack2<T>(scale * lo.x, scale * lo.y);
     out.y = pack2<T>(scale * lo.z, scale * lo.w);
@@ -779,17 +790,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
       mma_smem<T, 2, 4, B_c / 16, false, true, LP, L>(acc, sdS, wq, sK, qd, 0, lane);
-      float* dQ = p.dq_acc + bh * p.Nq * D;
+      // Rows g + 8 (2 mt + half) of the warp's 32: dQ_acc's 8 x 8 blocks (2 mt + half, nt)
+      // past its first, each the lane's pair at 2 lane.
+      float* dQ = p.dq_acc + (bh * dq_acc_rows(p.Nq) + query0 + wq) * D + qd * 8 + 2 * lane;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = query0 + wq + mt * 16 + lane / 4 + 8 * half;
-          if (row < p.Nq)
+          const bool live = query0 + wq + mt * 16 + lane / 4 + 8 * half < p.Nq;
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-              atomic_add2(dQ + int64_t(row) * D + qd + nt * 8 + 2 * (lane % 4), acc[mt][nt][2 * half],
-                          acc[mt][nt][2 * half + 1]);
+          for (int nt = 0; nt < 4; ++nt)
+            atomic_add2(dQ + (2 * mt + half) * 8 * D + nt * 64, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], live);
         }
     }
     // line 11: dV_j += P_ijᵀ dO_i; line 15: dK_j += dS_ijᵀ Q_i (A = [queries][keys]: k-major).
@@ -837,7 +848,7 @@ void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStre
   prm.lse = t.lse;
   float* ws = static_cast<float*>(t.workspace);
   prm.dq_acc = kAtomics ? ws : nullptr;
-  prm.D = kAtomics ? ws + p.q_elems() : ws;
+  prm.D = kAtomics ? ws + p.B * p.H * dq_acc_rows(p.Nq) * kD : ws;
   prm.dq = static_cast<T*>(t.dq);
   prm.dk = static_cast<T*>(t.dk);
   prm.dv = static_cast<T*>(t.dv);
@@ -872,8 +883,8 @@ void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStre
     const int64_t chunks = p.q_elems() / kChunkElems;  // d is a multiple of 8
     constexpr int kConvertThreads = 256;
     const int64_t convert_blocks = std::min<int64_t>((chunks + kConvertThreads - 1) / kConvertThreads, kMaxBlocks);
-    fa2_backward_convert_dq<T><<<unsigned(convert_blocks), kConvertThreads, 0, stream>>>(prm.dq_acc, prm.dq, chunks,
-                                                                                        prm.scale);
+    fa2_backward_convert_dq<T, kD><<<unsigned(convert_blocks), kConvertThreads, 0, stream>>>(
+        prm.dq_acc, prm.dq, chunks, p.Nq, prm.scale);
   } else {
     auto dq_kernel = fa2_backward_dq_kernel<T, DqCfg>;
     allow_smem<DqCfg>(dq_kernel);

@@ -109,10 +109,24 @@ struct DqTile : Tile<kD_, kBr_, kBc_, kWarps_, kStages_> {
 template <int kD>
 using DqTileFor = DqTile<kD, 64, 64, 4, 2>;
 
-// The workspace: D = rowsum(dO ∘ O), fp32 [B, H, Nq]; with atomics first dQ accumulated in
-// fp32 across the CTAs of all K/V blocks, [B, H, Nq, d].
+// dQ_acc, the fp32 sum of dQ over the CTAs of all K/V blocks (DqMode::atomics), stored in
+// 8 x 8 blocks, [B, H, ⌈Nq / 8⌉, d / 8, 8, 8]: the block of rows 8r .. 8r + 7 and columns
+// 8c .. 8c + 7 is 64 consecutive floats, row-major. That block is exactly one mma C tile
+// (rows g, g + 8 apart in two tiles), so the warp's 8-byte red for it covers 256 contiguous
+// bytes, 2 cache lines; in row-major [Nq, d] the same red touches 8 lines, and the waits on
+// those reds, ncu showed, were the d = 128 kernel's largest stall. Rows are padded to a
+// multiple of 8 per head (never written, never read).
+constexpr int64_t dq_acc_rows(int Nq) { return (int64_t(Nq) + 7) / 8 * 8; }
+// Offset of (row, col) in one head's dQ_acc, d = kD.
+template <int kD>
+constexpr int64_t dq_acc_offset(int row, int col) {
+  return int64_t(row / 8) * 8 * kD + col / 8 * 64 + row % 8 * 8 + col % 8;
+}
+
+// The workspace: D = rowsum(dO ∘ O), fp32 [B, H, Nq]; with atomics first dQ_acc (above).
 inline size_t bwd_workspace_bytes(const AttnProblem& p, DqMode mode = DqMode::atomics) {
-  return size_t((mode == DqMode::atomics ? p.q_elems() : 0) + p.lse_elems()) * sizeof(float);
+  const int64_t dq_acc = mode == DqMode::atomics ? int64_t(p.B) * p.H * dq_acc_rows(p.Nq) * p.d : 0;
+  return size_t(dq_acc + p.lse_elems()) * sizeof(float);
 }
 
 // CTAs of the main kernel: one per (K/V block, batch, key/value head).

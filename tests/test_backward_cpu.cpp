@@ -4,9 +4,11 @@
 // workspaces, the grids, and the refusals of forward-only rungs and unsupported head dims.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "04_fa1_tiled/fa1_backward.h"
 #include "05_fa2_reordered/fa2_backward.h"
@@ -176,10 +178,37 @@ TEST(Fa2Backward, TilesFitAndSplitEvenly) {
   p.Nk = 129;
   p.d = 128;
   EXPECT_EQ(fa2::bwd_workspace_bytes(p), size_t(3 * 8 * 1000) * (128 + 1) * sizeof(float));
+  // dQ_acc's rows are padded to whole 8 x 8 blocks: 1001 rows take 1008
+  p.Nq = 1001;
+  EXPECT_EQ(fa2::bwd_workspace_bytes(p), size_t(3 * 8) * (1008 * 128 + 1001) * sizeof(float));
+  p.Nq = 1000;
   EXPECT_EQ(fa2::bwd_workspace_bytes(p, fa2::DqMode::separate_pass), size_t(3 * 8 * 1000) * sizeof(float));  // D
   EXPECT_EQ(fa1::bwd_workspace_bytes(p), size_t(3 * 8 * 1000) * 128 * sizeof(float));
   EXPECT_EQ(fa2::bwd_ctas(p, 64), 3 * 3 * 2);  // ceil(129 / 64) K/V blocks x B x Hkv
   EXPECT_EQ(fa2::bwd_dq_ctas(p, 64), 16 * 3 * 8);  // ceil(1000 / 64) Q blocks x B x H
+}
+
+// dQ_acc's layout (fa2_backward.h): a bijection onto the padded head, and the kernels' red
+// for mma C tile (row block b, column block n) lands lane l's pair at 2 l of one 64-float run.
+TEST(Fa2Backward, DqAccBlocksAreOneCTileEach) {
+  constexpr int d = 64;
+  const int rows = int(fa2::dq_acc_rows(21));
+  EXPECT_EQ(rows, 24);
+  std::vector<int> seen(size_t(rows) * d, 0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < d; ++c) {
+      const int64_t x = fa2::dq_acc_offset<d>(r, c);
+      ASSERT_GE(x, 0);
+      ASSERT_LT(x, int64_t(rows) * d);
+      ++seen[size_t(x)];
+    }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), rows * d);
+  for (int b = 0; b < rows / 8; ++b)
+    for (int n = 0; n < d / 8; ++n)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int e = 0; e < 2; ++e)  // lane l holds row g = l / 4, columns 2 (l % 4) + e
+          EXPECT_EQ(fa2::dq_acc_offset<d>(8 * b + lane / 4, 8 * n + 2 * (lane % 4) + e),
+                    int64_t(b) * 8 * d + n * 64 + 2 * lane + e);
 }
 
 TEST(Backward, StagesDeclareIt) {
