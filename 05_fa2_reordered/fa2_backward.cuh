@@ -781,8 +781,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
       store_ps<Cfg>(sdS, P, wq, wk, lane);
     }
     __syncthreads();  // all of P_ij, dS_ij in shared memory
-    if constexpr (kDqAtomics) {  // line 14: dQ_i += dS_ij K_j, fp32 atomics
-      float acc[2][4][4];
+    // line 14: dQ_i += dS_ij K_j, fp32 atomics into dQ_acc: the product first, its adds at
+    // the end of the step. A red's registers are not rewritten until it has read them, and
+    // right after the product the next writes waited on them (EXPERIMENTS.md).
+    [[maybe_unused]] float acc[2][4][4];
+    if constexpr (kDqAtomics) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -790,8 +793,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
       mma_smem<T, 2, 4, B_c / 16, false, true, LP, L>(acc, sdS, wq, sK, qd, 0, lane);
-      // Rows g + 8 (2 mt + half) of the warp's 32: dQ_acc's 8 x 8 blocks (2 mt + half, nt)
-      // past its first, each the lane's pair at 2 lane.
+    }
+    // line 11: dV_j += P_ijᵀ dO_i; line 15: dK_j += dS_ijᵀ Q_i (A = [queries][keys]: k-major).
+    // (After dQ's product: in this order ptxas fits the kernel in 255 registers, no spill.)
+    mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dV, sP, wk, dO_i, wd, 0, lane);
+    mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dK, sdS, wk, Q_i, wd, 0, lane);
+    if constexpr (kDqAtomics) {  // line 14's adds: rows g + 8 (2 mt + half) of the warp's 32, in
+      // dQ_acc's 8 x 8 blocks (2 mt + half, nt) past its first, the lane's pair at 2 lane
       float* dQ = p.dq_acc + (bh * dq_acc_rows(p.Nq) + query0 + wq) * D + qd * 8 + 2 * lane;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
@@ -803,10 +811,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
             atomic_add2(dQ + (2 * mt + half) * 8 * D + nt * 64, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], live);
         }
     }
-    // line 11: dV_j += P_ijᵀ dO_i; line 15: dK_j += dS_ijᵀ Q_i (A = [queries][keys]: k-major).
-    // (After dQ: in this order ptxas fits the kernel in 255 registers without a spill.)
-    mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dV, sP, wk, dO_i, wd, 0, lane);
-    mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dK, sdS, wk, Q_i, wd, 0, lane);
   }
 
   // line 17: dK_j (× scale), dV_j, the keys inside Nk
