@@ -272,8 +272,10 @@ __device__ __forceinline__ void dq_tile(const BwdParams<T>& p, const T* sK, cons
       ptx::smem_u32(dST + DsLayout<Cfg>::offset(lane % 8 + 8 * (lane / 16), (lane / 8) % 2));
   const uint32_t k_base = lane_row<Cfg>(sK, lane % 16, lane / 16);
   const int row_g = query0 + row_tile * 16 + lane / 4;  // rows g and g + 8 of the tile
-  // dQ_acc's 8 x 8 block of C tile n of a chunk holds the lane's pair at 2 lane
-  float* dQ = p.dq_acc + (bh * dq_acc_rows(p.Nq) + query0 + row_tile * 16) * Cfg::kD + 2 * lane;
+  // The lane's pair of row g in dQ_acc; its C tile (half, n) of a chunk lies dq_acc_offset(8 half,
+  // chunk columns + 8 n) past it.
+  float* dQ = p.dq_acc + bh * dq_acc_rows(p.Nq) * Cfg::kD +
+              dq_acc_offset<Cfg::kD>(query0 + row_tile * 16 + lane / 4, 2 * (lane % 4));
 #pragma unroll
   for (int chunk = first_chunk; chunk < kChunks; chunk += kChunkStride) {
     float acc[kChunkCols / 8][4];
@@ -298,7 +300,7 @@ __device__ __forceinline__ void dq_tile(const BwdParams<T>& p, const T* sK, cons
       if (row_g + 8 * half < p.Nq)  // (a branch: the predicate as an operand spills this kernel)
 #pragma unroll
         for (int n = 0; n < kChunkCols / 8; ++n)
-          atomic_add2(dQ + half * 8 * Cfg::kD + (chunk * kChunkCols / 8 + n) * 64, acc[n][2 * half],
+          atomic_add2(dQ + dq_acc_offset<Cfg::kD>(8 * half, chunk * kChunkCols + 8 * n), acc[n][2 * half],
                       acc[n][2 * half + 1], true);
   }
 }
@@ -798,9 +800,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
     // (After dQ's product: in this order ptxas fits the kernel in 255 registers, no spill.)
     mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dV, sP, wk, dO_i, wd, 0, lane);
     mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dK, sdS, wk, Q_i, wd, 0, lane);
-    if constexpr (kDqAtomics) {  // line 14's adds: rows g + 8 (2 mt + half) of the warp's 32, in
-      // dQ_acc's 8 x 8 blocks (2 mt + half, nt) past its first, the lane's pair at 2 lane
-      float* dQ = p.dq_acc + (bh * dq_acc_rows(p.Nq) + query0 + wq) * D + qd * 8 + 2 * lane;
+    if constexpr (kDqAtomics) {  // line 14's adds: the lane's pair of row g in dQ_acc, then its C
+      // tiles (rows 8 (2 mt + half), columns 8 nt further) at constant offsets
+      float* dQ = p.dq_acc + bh * dq_acc_rows(p.Nq) * D + dq_acc_offset<D>(query0 + wq + lane / 4, qd + 2 * (lane % 4));
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -808,7 +810,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
           const bool live = query0 + wq + mt * 16 + lane / 4 + 8 * half < p.Nq;
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt)
-            atomic_add2(dQ + (2 * mt + half) * 8 * D + nt * 64, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], live);
+            atomic_add2(dQ + dq_acc_offset<D>(8 * (2 * mt + half), 8 * nt), acc[mt][nt][2 * half],
+                        acc[mt][nt][2 * half + 1], live);
         }
     }
   }

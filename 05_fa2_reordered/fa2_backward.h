@@ -117,7 +117,9 @@ using DqTileFor = DqTile<kD, 64, 64, 4, 2>;
 // those reds, ncu showed, were the d = 128 kernel's largest stall. Rows are padded to a
 // multiple of 8 per head (never written, never read).
 constexpr int64_t dq_acc_rows(int Nq) { return (int64_t(Nq) + 7) / 8 * 8; }
-// Offset of (row, col) in one head's dQ_acc, d = kD.
+// Offset of (row, col) in one head's dQ_acc, d = kD. Moving by whole 8 x 8 blocks adds a
+// constant: offset(r + 8a, c + 8b) = offset(r, c) + offset(8a, 8b), so a lane computes its base
+// once and reaches its other C tiles by immediates (row-major r·d + c has the same property).
 template <int kD>
 constexpr int64_t dq_acc_offset(int row, int col) {
   return int64_t(row / 8) * 8 * kD + col / 8 * 64 + row % 8 * 8 + col % 8;

@@ -209,6 +209,12 @@ TEST(Fa2Backward, DqAccBlocksAreOneCTileEach) {
         for (int e = 0; e < 2; ++e)  // lane l holds row g = l / 4, columns 2 (l % 4) + e
           EXPECT_EQ(fa2::dq_acc_offset<d>(8 * b + lane / 4, 8 * n + 2 * (lane % 4) + e),
                     int64_t(b) * 8 * d + n * 64 + 2 * lane + e);
+  // the kernels add offset(8a, 8b) to a lane's base offset(r, c)
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c)
+      for (int a = 0; 8 * a + r < rows; ++a)
+        for (int b = 0; 8 * b + c < d; ++b)
+          EXPECT_EQ(fa2::dq_acc_offset<d>(r + 8 * a, c + 8 * b), fa2::dq_acc_offset<d>(r, c) + fa2::dq_acc_offset<d>(8 * a, 8 * b));
 }
 
 TEST(Backward, StagesDeclareIt) {
