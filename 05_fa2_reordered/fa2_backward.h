@@ -111,11 +111,11 @@ using DqTileFor = DqTile<kD, 64, 64, 4, 2>;
 
 // dQ_acc, the fp32 sum of dQ over the CTAs of all K/V blocks (DqMode::atomics), stored in
 // 8 x 8 blocks, [B, H, ⌈Nq / 8⌉, d / 8, 8, 8]: the block of rows 8r .. 8r + 7 and columns
-// 8c .. 8c + 7 is 64 consecutive floats, row-major. That block is exactly one mma C tile
-// (rows g, g + 8 apart in two tiles), so the warp's 8-byte red for it covers 256 contiguous
-// bytes, 2 cache lines; in row-major [Nq, d] the same red touches 8 lines, and the waits on
-// those reds, ncu showed, were the d = 128 kernel's largest stall. Rows are padded to a
-// multiple of 8 per head (never written, never read).
+// 8c .. 8c + 7 is 64 consecutive floats, row-major. That block is what one warp's 8-byte red
+// adds: rows g (or g + 8) of a 16 x 8 mma C tile, lane l's pair at 2 l. So the red covers 256
+// contiguous bytes, 2 cache lines; in row-major [Nq, d] the same red touches 8 lines, and the
+// waits on those reds, ncu showed, were the d = 128 kernel's largest stall. Rows are padded to
+// a multiple of 8 per head (never written, never read).
 constexpr int64_t dq_acc_rows(int Nq) { return (int64_t(Nq) + 7) / 8 * 8; }
 // Offset of (row, col) in one head's dQ_acc, d = kD. Moving by whole 8 x 8 blocks adds a
 // constant: offset(r + 8a, c + 8b) = offset(r, c) + offset(8a, 8b), so a lane computes its base

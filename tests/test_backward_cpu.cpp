@@ -188,9 +188,10 @@ TEST(Fa2Backward, TilesFitAndSplitEvenly) {
   EXPECT_EQ(fa2::bwd_dq_ctas(p, 64), 16 * 3 * 8);  // ceil(1000 / 64) Q blocks x B x H
 }
 
-// dQ_acc's layout (fa2_backward.h): a bijection onto the padded head, and the kernels' red
-// for mma C tile (row block b, column block n) lands lane l's pair at 2 l of one 64-float run.
-TEST(Fa2Backward, DqAccBlocksAreOneCTileEach) {
+// dQ_acc's layout (fa2_backward.h): a bijection onto the padded head, and the kernels' red of
+// 8-row block b, 8-column block n (half of an mma C tile) lands lane l's pair at 2 l of one
+// 64-float run.
+TEST(Fa2Backward, DqAccBlocksAreOneRedEach) {
   constexpr int d = 64;
   const int rows = int(fa2::dq_acc_rows(21));
   EXPECT_EQ(rows, 24);
