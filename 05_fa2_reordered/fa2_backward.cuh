@@ -110,9 +110,8 @@ __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const Bw
 #pragma unroll  // LAB:BEGIN 05b.rowsum_do_o
       for (int e = 0; e < kChunkElems; ++e) dot += to_float(dO_e[e]) * to_float(O_e[e]);  // LAB:END
       if (p.dq_acc) {  // the row's 8 columns of this chunk: 8 consecutive floats
-        const int r = int(row % p.Nq);
-        float4* acc = reinterpret_cast<float4*>(p.dq_acc + row / p.Nq * dq_acc_rows(p.Nq) * kD +
-                                                dq_acc_offset<kD>(r, chunk * kChunkElems));
+        float4* acc = reinterpret_cast<float4*>(
+            p.dq_acc + dq_acc_index<kD>(row / p.Nq, int(row % p.Nq), chunk * kChunkElems, p.Nq));
         acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
@@ -454,8 +453,7 @@ __global__ void fa2_backward_convert_dq(const float* __restrict__ dq_acc, T* __r
   constexpr int kChunksPerRow = kD / kChunkElems;
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = c / kChunksPerRow;
-    const float* src = dq_acc + row / Nq * dq_acc_rows(Nq) * kD +
-                       dq_acc_offset<kD>(int(row % Nq), int(c % kChunksPerRow) * kChunkElems);
+    const float* src = dq_acc + dq_acc_index<kD>(row / Nq, int(row % Nq), int(c % kChunksPerRow) * kChunkElems, Nq);
     const float4 lo = reinterpret_cast<const float4*>(src)[0];
     const float4 hi = reinterpret_cast<const float4*>(src)[1];
     uint4 out;

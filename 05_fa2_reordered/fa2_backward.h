@@ -124,6 +124,11 @@ template <int kD>
 constexpr int64_t dq_acc_offset(int row, int col) {
   return int64_t(row / 8) * 8 * kD + col / 8 * 64 + row % 8 * 8 + col % 8;
 }
+// Index of (row, col) of head bh (batch · H + head) in the whole dQ_acc, Nq rows per head.
+template <int kD>
+constexpr int64_t dq_acc_index(int64_t bh, int row, int col, int Nq) {
+  return bh * dq_acc_rows(Nq) * kD + dq_acc_offset<kD>(row, col);
+}
 
 // The workspace: D = rowsum(dO ∘ O), fp32 [B, H, Nq]; with atomics first dQ_acc (above).
 inline size_t bwd_workspace_bytes(const AttnProblem& p, DqMode mode = DqMode::atomics) {

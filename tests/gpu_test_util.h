@@ -27,26 +27,20 @@ class Gpu : public ::testing::Test {
   cudaStream_t stream_ = nullptr;
 };
 
-inline bool runs_here(const Stage& s, const AttnProblem& p) {
+// Whether the stage (its backward pass with `backward`) takes the problem on this device.
+inline bool runs_here(const Stage& s, const AttnProblem& p, bool backward = false) {
   try {
-    validate_problem(s, p);
+    if (backward)
+      validate_backward_problem(s, p);  // includes validate_problem
+    else
+      validate_problem(s, p);
     validate_device(s);
     return true;
   } catch (const AttnError&) {
     return false;
   }
 }
-
-// As runs_here, for the stage's backward pass (validate_backward_problem).
-inline bool backward_runs_here(const Stage& s, const AttnProblem& p) {
-  try {
-    validate_backward_problem(s, p);
-    validate_device(s);
-    return true;
-  } catch (const AttnError&) {
-    return false;
-  }
-}
+inline bool backward_runs_here(const Stage& s, const AttnProblem& p) { return runs_here(s, p, true); }
 
 // Every element written and finite, relative error within the dtype's bound, lse where the
 // rung writes it (-inf for rows that see no key).
