@@ -24,12 +24,14 @@ namespace attn::fa3 {
 // Where V̂ᵀ, the K-major B operand of the P V QGMMA, is made, and in which key order
 // (fp8_fa3.cuh: transpose_v, to_operand):
 //   in_kernel               the producer warpgroup turns each TMA-loaded V̂ block around in
-//                           shared memory, keys in order; P's registers are permuted across
-//                           each quad (byte permutes and shuffles) to match;
-//   in_kernel_keys_permuted the same transpose writes the keys in wgmma_key_position's order,
-//                           the order P's accumulator layout already has: no shuffle;
-//   in_hbm                  the pre-kernel writes V̂ᵀ to HBM in that order, read by TMA.
-enum class Fp8VPath { in_kernel, in_kernel_keys_permuted, in_hbm };
+//                           shared memory and writes its keys in wgmma_key_position's order,
+//                           the order P's accumulator layout already has: no shuffle (FA3's
+//                           path for V stored row-major, as here);
+//   in_kernel_keys_in_order the same transpose, keys in order; P's registers are permuted
+//                           across each quad (byte permutes and shuffles) to match (FA3's
+//                           permute_Aregs_fp8, which FA3 runs for V stored column-major);
+//   in_hbm                  the pre-kernel writes V̂ᵀ to HBM in in_kernel's order, read by TMA.
+enum class Fp8VPath { in_kernel, in_kernel_keys_in_order, in_hbm };
 
 // The two ideas of FA3 §3.3, each switchable for the ablation (FA3 Table 3).
 struct Fp8Options {
@@ -100,7 +102,7 @@ constexpr float hadamard_sign(int col) {
 }
 
 // Wgmma A-operand column -> key inside a group of 32 keys, where V̂ᵀ's keys are permuted
-// (Fp8VPath::in_kernel_keys_permuted, in_hbm; fp8_fa3.cuh: to_operand): key 8a + 2t + b (+16h)
+// (Fp8VPath::in_kernel, in_hbm; fp8_fa3.cuh: to_operand): key 8a + 2t + b (+16h)
 // of V is stored at position 4t + 2a + b (+16h) of V̂ᵀ.
 constexpr int wgmma_key_position(int key) {
   const int half = key & 16, a = (key >> 3) & 1, t = (key >> 1) & 3, b = key & 1;

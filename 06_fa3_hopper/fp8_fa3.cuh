@@ -5,10 +5,10 @@
 //   - QGMMA reads its shared-memory B operand K-major only, so P V needs V̂_jᵀ (keys
 //     contiguous): the producer warpgroup's warps 1-3 turn each TMA-loaded block V̂_j around
 //     in shared memory into a V̂ᵀ ring (transpose_v: ldmatrix.trans, byte permutes,
-//     stmatrix), while warp 0 issues the copies; keys in order, so P's registers are
-//     permuted across each quad (to_operand: byte permutes and two shuffles), as FA3 does.
-//     Ablations (Fp8VPath, fa3_fp8.h): the transpose writing the keys in the order P's
-//     accumulator already has (no shuffle), and V̂ᵀ made by the pre-kernel in HBM;
+//     stmatrix), while warp 0 issues the copies. As FA3 does for row-major V, the keys go
+//     in the order P's accumulator already has, so P needs no shuffle (to_operand).
+//     Ablations (Fp8VPath, fa3_fp8.h): keys in order with P's registers permuted across
+//     each quad (byte permutes and two shuffles), and V̂ᵀ made by the pre-kernel in HBM;
 //   - a Q̂ or K̂ row is d bytes: at d = 64 half a 128-byte swizzle row, so those tiles use
 //     the 64-byte swizzle, while V̂ᵀ keeps 128-byte rows (Fp8Layout, fa3_fp8.h);
 //   - S_ij is dequantized inside the softmax: scores = q_scale * k_scale_j * (Q̂_i K̂_jᵀ),
@@ -47,7 +47,7 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
   // Where V̂_jᵀ comes from (Fp8VPath): the producer's transpose of V̂_j's rows (keys in
   // order, or in wgmma_key_position's), or a TMA copy of the pre-kernel's V̂ᵀ.
   static constexpr bool kTransposeV = kV != Fp8VPath::in_hbm;
-  static constexpr bool kKeysInOrder = kV == Fp8VPath::in_kernel;  // P permuted in registers (to_operand)
+  static constexpr bool kKeysInOrder = kV == Fp8VPath::in_kernel_keys_in_order;  // P permuted in registers (to_operand)
   // As 06d: ping-pong where the softmax is a large share of the work (d <= 128).
   static constexpr bool kPingpong = D <= 128;
   // Where the softmax runs against the P V issued before it (overlapped_blocks): all of it
@@ -665,11 +665,12 @@ __device__ inline void permute_quad(uint32_t lo, uint32_t hi, uint32_t& keys0, u
 // {2t, 2t+1} of each of the four 8-key groups g = 4 kk .. 4 kk + 3: P[4g + 2s], P[4g + 2s + 1]
 // (t = lane % 4). Register q of the operand is row q % 2 and keys 16 (q / 2) + {4t .. 4t+3}
 // of the step, in V̂ᵀ's key order:
-//   keys in order (kKeysInOrder): groups 0 and 2 make lo, 1 and 3 hi, and permute_quad
-//     exchanges them across the quad (FA3's way, permute_Aregs_fp8);
-//   keys permuted (wgmma_key_position): V̂ᵀ's position 16h + 4t + {0..3} holds keys
-//     16h + {2t, 2t+1, 8+2t, 9+2t}, the thread's own: register q = groups 2 (q / 2) and
-//     2 (q / 2) + 1 of row q % 2, no shuffle.
+//   keys permuted (wgmma_key_position; the kept path): V̂ᵀ's position 16h + 4t + {0..3}
+//     holds keys 16h + {2t, 2t+1, 8+2t, 9+2t}, the thread's own: register q = groups
+//     2 (q / 2) and 2 (q / 2) + 1 of row q % 2, no shuffle (FA3 for row-major V);
+//   keys in order (kKeysInOrder, the ablation): groups 0 and 2 make lo, 1 and 3 hi, and
+//     permute_quad exchanges them across the quad (FA3's permute_Aregs_fp8, for V stored
+//     column-major).
 template <class Cfg>
 __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
   // A pair that exp2_e4m3_linear took (linear_exp_pair) holds its two bytes in the low 8
@@ -1022,8 +1023,8 @@ void launch_on_workspace(const AttnProblem& pr, const AttnTensors& tensors, Fp8V
   switch (v) {
     case Fp8VPath::in_kernel:
       return launch<D, Fp8VPath::in_kernel>(pr, tensors, in, ws.unit_counter, schedule, stream);
-    case Fp8VPath::in_kernel_keys_permuted:
-      return launch<D, Fp8VPath::in_kernel_keys_permuted>(pr, tensors, in, ws.unit_counter, schedule, stream);
+    case Fp8VPath::in_kernel_keys_in_order:
+      return launch<D, Fp8VPath::in_kernel_keys_in_order>(pr, tensors, in, ws.unit_counter, schedule, stream);
     case Fp8VPath::in_hbm:
       return launch<D, Fp8VPath::in_hbm>(pr, tensors, in, ws.unit_counter, schedule, stream);
   }

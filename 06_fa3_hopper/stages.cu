@@ -240,11 +240,12 @@ std::vector<Stage> fa3_stages() {
                 {/*block_scales=*/false, /*hadamard=*/true}),
       fp8_stage("06_fp8_per_tensor", "06_fp8", "FP8 baseline: one scale per tensor, no Hadamard",
                 {/*block_scales=*/false, /*hadamard=*/false}),
-      // Ablations of the in-kernel V transpose: V̂ᵀ's keys in the order P's accumulator has
-      // (no register permute, FA3's path for row-major V), and V̂ᵀ made by the pre-kernel.
-      fp8_stage("06_fp8_keys_permuted", "06_fp8",
-                "FP8 ablation: V transposed in the kernel with its keys permuted, so P needs no shuffle",
-                {/*block_scales=*/true, /*hadamard=*/true, fa3::Fp8VPath::in_kernel_keys_permuted}),
+      // Ablations of the in-kernel V transpose: V̂ᵀ's keys in order, so P's registers are
+      // permuted across each quad (FA3's permute for column-major V), and V̂ᵀ made by the
+      // pre-kernel.
+      fp8_stage("06_fp8_keys_in_order", "06_fp8",
+                "FP8 ablation: V transposed in the kernel with its keys in order, so P is permuted across each quad",
+                {/*block_scales=*/true, /*hadamard=*/true, fa3::Fp8VPath::in_kernel_keys_in_order}),
       fp8_stage("06_fp8_vt_hbm", "06_fp8",
                 "FP8 ablation: V transposed by the pre-kernel, through HBM (keys permuted, no shuffle)",
                 {/*block_scales=*/true, /*hadamard=*/true, fa3::Fp8VPath::in_hbm}),

@@ -82,7 +82,7 @@ build/bench/attn_bench "${sweep[@]}" --check --measure-bytes --csv "$out_dir/lad
   log "bench: some rows FAILED their accuracy bounds (see the table above); going on to the peers and plots"
 
 log "fp8: the FP8 rungs next to 06d bf16 (d = 64, 128, 256, non-causal) and the FA3 Table 3 accuracy table"
-build/bench/attn_bench "${sweep[@]}" --rungs 06d_fa3,06_fp8,06_fp8_e4m3,06_fp8_keys_permuted,06_fp8_vt_hbm \
+build/bench/attn_bench "${sweep[@]}" --rungs 06d_fa3,06_fp8,06_fp8_e4m3,06_fp8_keys_in_order,06_fp8_vt_hbm \
   --dtype bf16,fp8,e4m3 --d 64,128,256 --causal 0 --check \
   --csv "$out_dir/fp8_speed.csv" > "$out_dir/fp8_speed.log" 2>&1 || log "fp8: some rows FAILED (see fp8_speed.log)"
 build/bench/fp8_accuracy --time --csv "$out_dir/fp8_accuracy.csv" 2>&1 | tee "$out_dir/fp8_accuracy.log" ||
@@ -106,6 +106,9 @@ if python3 -c 'import torch' 2>/dev/null; then
   log "peers: PyTorch SDPA backends on the same sweep (log $out_dir/peers.log)"
   python3 scripts/peers.py "${sweep[@]}" --csv "$out_dir/peers.csv" 2>&1 | tee "$out_dir/peers.log"
   csvs+=("$out_dir/peers.csv")
+  log "06d against cuDNN, timed in turns in one process (vs_cudnn.csv)"
+  ATTN_LADDER_LIB=build/libattn_ladder.so python3 scripts/vs_cudnn.py --d 64,128,256 --n 4096,8192,16384 \
+    --csv "$out_dir/vs_cudnn.csv" >> "$out_dir/peers.log" 2>&1 || log "vs_cudnn FAILED (see peers.log)"
   for f in decode_peers backward_peers; do [[ -f $out_dir/$f.csv ]] && mv "$out_dir/$f.csv" "$out_dir/$f.csv.prev"; done
   python3 scripts/peers.py --decode-sweep --backends flash,cudnn --csv "$out_dir/decode_peers.csv" >> "$out_dir/peers.log" 2>&1
   python3 scripts/peers.py --backward --paper-sweep --d 64,128 --backends flash,cudnn \

@@ -152,17 +152,17 @@ TEST_F(Gpu, SanitizeFp8PreKernelManyBlocksPerCta) {
 
 // The producer's transpose (fp8_fa3.cuh: transpose_v) against the pre-kernel's: the three
 // V paths (Fp8VPath) on the same bf16 inputs, whose pre-kernels round Q, K, V to the same
-// bytes and scales. With V̂ᵀ's keys in the same order (06_fp8_keys_permuted, 06_fp8_vt_hbm)
-// every QGMMA gets the same operands, so O and lse must agree bit for bit: each byte of the
-// in-kernel V̂ᵀ is the pre-kernel's. With the keys in order and P permuted across the quad
-// (06_fp8) the products are the same but summed in another order inside each QGMMA: O
+// bytes and scales. With V̂ᵀ's keys in the same order (06_fp8, 06_fp8_vt_hbm) every QGMMA
+// gets the same operands, so O and lse must agree bit for bit: each byte of the in-kernel
+// V̂ᵀ is the pre-kernel's. With the keys in order and P permuted across the quad
+// (06_fp8_keys_in_order) the products are the same but summed in another order inside each QGMMA: O
 // agrees to within that rounding (a wrong permute would pair P with other keys' V: an error
 // of order 1). Shapes: several K/V blocks with a ragged last one (the copy engine's zero
 // rows past Nk), GQA, causal, and more tiles than SMs (the rings wrap, the transposers stop
 // after the CTA's last block), at every FP8 head dim; in the sanitizers' subset.
 TEST_F(Gpu, SanitizeFp8InKernelTransposeMatchesThePreKernels) {
-  const Stage& in_order = find_stage("06_fp8");
-  const Stage& permuted = find_stage("06_fp8_keys_permuted");
+  const Stage& in_order = find_stage("06_fp8_keys_in_order");
+  const Stage& permuted = find_stage("06_fp8");
   const Stage& hbm = find_stage("06_fp8_vt_hbm");
   int checked = 0;
   for (int d : fa3::kFp8HeadDims)
@@ -180,7 +180,7 @@ TEST_F(Gpu, SanitizeFp8InKernelTransposeMatchesThePreKernels) {
       EXPECT_LE(err, 4e-3) << "keys in order with P permuted in registers vs keys permuted";
       ++checked;
     }
-  if (checked == 0) GTEST_SKIP() << "06_fp8 does not run here";
+  if (checked == 0) GTEST_SKIP() << "06_fp8_keys_in_order does not run here";
 }
 
 // exp2_e4m3_linear and e4m3_linear_grid on the device (the CPU test

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""A rung against PyTorch SDPA's cuDNN backend, timed in turns in one process.
+
+The ladder's tables time the rungs (attn_bench) and the peers (peers.py) in two sweeps, one
+after the other: each number is fair, but a ratio between them also carries whatever the
+two sweeps did differently (the clock under the power cap after different preceding work).
+Here, per problem, the rung (attn_ladder.run, the plain C API call) and cuDNN are timed in
+`--rounds` rounds, one right after the other, the order swapped every round, each with
+peers.py's time_call (0.3 s warm-up, L2 flushed before each call, median). Reported: the
+median over rounds of each, their ratio (> 1: the rung is faster), and the lowest and
+highest ratio of a single round. Before timing, the rung's O is compared with cuDNN's.
+
+    scripts/vs_cudnn.py --rung 06d_fa3 --d 64,128 --n 4096,8192,16384 --causal both \\
+                        --csv results/<gpu>/vs_cudnn.csv
+
+Problems: the papers' sweep (B*N = 16384, H = 2048/d), bf16.
+"""
+
+import argparse
+import csv
+import pathlib
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import peers  # noqa: E402  (time_call, attention_call, L2Flush, gpu_name, git_sha)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "python"))
+import attn_ladder  # noqa: E402
+
+COLUMNS = ["gpu", "rung", "peer", "dtype", "B", "H", "N", "d", "causal", "rounds", "rung_ms", "peer_ms", "speedup",
+           "speedup_min", "speedup_max", "o_diff", "git_sha"]
+O_DIFF_BOUND = 2e-2  # two bf16 kernels, each within 1e-2 of fp64 (common/tolerance.h)
+
+
+def summarize(rung_ms, peer_ms):
+    """Medians over rounds, their ratio (peer / rung: > 1 when the rung is faster), and the
+    lowest and highest ratio of one round."""
+    if not rung_ms or len(rung_ms) != len(peer_ms):
+        raise ValueError("one rung time and one peer time per round")
+    per_round = [p / r for r, p in zip(rung_ms, peer_ms)]
+    r, p = statistics.median(rung_ms), statistics.median(peer_ms)
+    return r, p, p / r, min(per_round), max(per_round)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rung", default="06d_fa3")
+    ap.add_argument("--d", default="64,128")
+    ap.add_argument("--n", default="4096,8192,16384")
+    ap.add_argument("--causal", choices=["0", "1", "both"], default="both")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--csv", type=pathlib.Path)
+    a = ap.parse_args(argv)
+    if a.rounds < 1:
+        sys.exit("vs_cudnn.py: --rounds must be at least 1")
+    if not torch.cuda.is_available():
+        sys.exit("vs_cudnn.py: no CUDA GPU visible to torch")
+    if not attn_ladder.library_path().is_file():
+        sys.exit(f"vs_cudnn.py: libattn_ladder.so not built ({attn_ladder.library_path()})")
+    flush = peers.L2Flush()
+    gpu, sha = peers.gpu_name(), peers.git_sha()
+    causals = [0, 1] if a.causal == "both" else [int(a.causal)]
+    writer = None
+    if a.csv:
+        a.csv.parent.mkdir(parents=True, exist_ok=True)
+        out = open(a.csv, "w", newline="")
+        writer = csv.DictWriter(out, fieldnames=COLUMNS)
+        writer.writeheader()
+    print(f"{a.rung} against torch_cudnn, {a.rounds} rounds each, on {gpu}")
+    print(f"{'d':>4} {'N':>6} {'causal':>6} {'rung ms':>9} {'cuDNN ms':>9} {'speedup':>8} {'rounds':>13}")
+    for d in map(int, a.d.split(",")):
+        for n in map(int, a.n.split(",")):
+            B, H = max(1, peers.PAPER_TOKENS // n), max(1, peers.PAPER_HIDDEN // d)
+            q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            for causal in causals:
+                cudnn = peers.attention_call(peers.SDPBackend.CUDNN_ATTENTION, q, k, v, causal, None)
+                with torch.no_grad():
+                    ours = lambda: attn_ladder.run(a.rung, q, k, v, causal=bool(causal))  # noqa: E731
+                    o_diff = ((ours().float() - cudnn().float()).norm() / cudnn().float().norm()).item()
+                    if not o_diff <= O_DIFF_BOUND:
+                        sys.exit(f"vs_cudnn.py: {a.rung} and cuDNN disagree at d={d} N={n} causal={causal}: "
+                                 f"relative difference {o_diff:.2e} > {O_DIFF_BOUND}")
+                    times = {"rung": [], "peer": []}
+                    for i in range(a.rounds):
+                        order = [("rung", ours), ("peer", cudnn)]
+                        for name, call in order if i % 2 == 0 else order[::-1]:
+                            times[name].append(peers.time_call(call, a.repeats, flush, "flushed")[0])
+                r, p, s, lo, hi = summarize(times["rung"], times["peer"])
+                row = {"gpu": gpu, "rung": a.rung, "peer": "torch_cudnn", "dtype": "bf16", "B": B, "H": H, "N": n,
+                       "d": d, "causal": causal, "rounds": a.rounds, "rung_ms": f"{r:.4f}", "peer_ms": f"{p:.4f}",
+                       "speedup": f"{s:.3f}", "speedup_min": f"{lo:.3f}", "speedup_max": f"{hi:.3f}",
+                       "o_diff": f"{o_diff:.2e}", "git_sha": sha}
+                if writer:
+                    writer.writerow(row)
+                    out.flush()
+                print(f"{d:>4} {n:>6} {causal:>6} {r:>9.3f} {p:>9.3f} {s:>8.3f} {lo:>6.3f}-{hi:.3f}", flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    if writer:
+        out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""pytest: scripts/vs_cudnn.py, a rung against SDPA's cuDNN backend timed in turns.
+
+summarize's arithmetic (ratio of the medians, a single round's extremes, mismatched rounds
+refused), then one short run on the GPU: a row per problem whose speedup is its two medians'
+ratio and whose O agrees with cuDNN's. Skips (with the reason) without torch, a Hopper GPU,
+cuDNN's SDPA backend or the built library.
+"""
+
+import csv
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+import vs_cudnn  # noqa: E402
+
+
+def test_summarize_ratio_of_medians_and_round_extremes():
+    r, p, s, lo, hi = vs_cudnn.summarize([1.0, 2.0, 1.5], [1.2, 2.0, 1.2])
+    assert (r, p) == (1.5, 1.2)
+    assert s == pytest.approx(0.8)
+    assert (lo, hi) == (pytest.approx(0.8), pytest.approx(1.2))
+    with pytest.raises(ValueError):
+        vs_cudnn.summarize([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        vs_cudnn.summarize([], [])
+
+
+def test_short_run_writes_consistent_rows(tmp_path):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("06d_fa3 needs a Hopper GPU visible to torch")
+    if not vs_cudnn.attn_ladder.library_path().is_file():
+        pytest.skip(f"libattn_ladder.so not built ({vs_cudnn.attn_ladder.library_path()})")
+    if not torch.backends.cudnn.is_available():
+        pytest.skip("cuDNN is not available to torch")
+    out = tmp_path / "vs.csv"
+    assert vs_cudnn.main(["--d", "64", "--n", "512", "--causal", "both", "--rounds", "2", "--repeats", "3",
+                          "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert [(r["N"], r["d"], r["causal"]) for r in rows] == [("512", "64", "0"), ("512", "64", "1")]
+    for r in rows:
+        assert r["B"] == "32" and r["H"] == "32" and r["rounds"] == "2"
+        assert float(r["speedup"]) == pytest.approx(float(r["peer_ms"]) / float(r["rung_ms"]), rel=2e-3)
+        assert float(r["speedup_min"]) <= float(r["speedup_max"])
+        assert float(r["o_diff"]) <= vs_cudnn.O_DIFF_BOUND
