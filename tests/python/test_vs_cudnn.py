@@ -2,8 +2,8 @@
 
 summarize's arithmetic (ratio of the medians, a single round's extremes, mismatched rounds
 refused), then one short run on the GPU: a row per problem whose speedup is its two medians'
-ratio and whose O agrees with cuDNN's. Skips (with the reason) without torch, a Hopper GPU,
-cuDNN's SDPA backend or the built library.
+ratio and whose O agrees with cuDNN's, and a clear exit on a head dim the rung refuses. Skips
+(with the reason) without torch, a Hopper GPU, cuDNN's SDPA backend or the built library.
 """
 
 import csv
@@ -45,3 +45,5 @@ def test_short_run_writes_consistent_rows(tmp_path):
         assert float(r["speedup"]) == pytest.approx(float(r["peer_ms"]) / float(r["rung_ms"]), rel=2e-3)
         assert float(r["speedup_min"]) <= float(r["speedup_max"])
         assert float(r["o_diff"]) <= vs_cudnn.O_DIFF_BOUND
+    with pytest.raises(SystemExit, match="refuses d=96"):  # a head dim 06d does not build: a clear exit
+        vs_cudnn.main(["--d", "96", "--n", "512", "--causal", "0", "--rounds", "1"])
