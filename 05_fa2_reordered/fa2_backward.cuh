@@ -273,8 +273,7 @@ __device__ __forceinline__ void dq_tile(const BwdParams<T>& p, const T* sK, cons
   const int row_g = query0 + row_tile * 16 + lane / 4;  // rows g and g + 8 of the tile
   // The lane's pair of row g in dQ_acc; its C tile (half, n) of a chunk lies dq_acc_offset(8 half,
   // chunk columns + 8 n) past it.
-  float* dQ = p.dq_acc + bh * dq_acc_rows(p.Nq) * Cfg::kD +
-              dq_acc_offset<Cfg::kD>(query0 + row_tile * 16 + lane / 4, 2 * (lane % 4));
+  float* dQ = p.dq_acc + dq_acc_index<Cfg::kD>(bh, query0 + row_tile * 16 + lane / 4, 2 * (lane % 4), p.Nq);
 #pragma unroll
   for (int chunk = first_chunk; chunk < kChunks; chunk += kChunkStride) {
     float acc[kChunkCols / 8][4];
@@ -800,7 +799,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa2_backward_2d_kernel(const
     mma_smem<T, 2, 8, B_r / 16, true, true, LP, L>(dK, sdS, wk, Q_i, wd, 0, lane);
     if constexpr (kDqAtomics) {  // line 14's adds: the lane's pair of row g in dQ_acc, then its C
       // tiles (rows 8 (2 mt + half), columns 8 nt further) at constant offsets
-      float* dQ = p.dq_acc + bh * dq_acc_rows(p.Nq) * D + dq_acc_offset<D>(query0 + wq + lane / 4, qd + 2 * (lane % 4));
+      float* dQ = p.dq_acc + dq_acc_index<D>(bh, query0 + wq + lane / 4, qd + 2 * (lane % 4), p.Nq);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -853,7 +852,7 @@ void launch_fa2_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStre
   prm.lse = t.lse;
   float* ws = static_cast<float*>(t.workspace);
   prm.dq_acc = kAtomics ? ws : nullptr;
-  prm.D = kAtomics ? ws + p.B * p.H * dq_acc_rows(p.Nq) * kD : ws;
+  prm.D = kAtomics ? ws + dq_acc_elems(p) : ws;
   prm.dq = static_cast<T*>(t.dq);
   prm.dk = static_cast<T*>(t.dk);
   prm.dv = static_cast<T*>(t.dv);

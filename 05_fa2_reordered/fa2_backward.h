@@ -130,10 +130,12 @@ constexpr int64_t dq_acc_index(int64_t bh, int row, int col, int Nq) {
   return bh * dq_acc_rows(Nq) * kD + dq_acc_offset<kD>(row, col);
 }
 
+// Floats of the whole dQ_acc: B * H padded heads.
+inline int64_t dq_acc_elems(const AttnProblem& p) { return int64_t(p.B) * p.H * dq_acc_rows(p.Nq) * p.d; }
+
 // The workspace: D = rowsum(dO ∘ O), fp32 [B, H, Nq]; with atomics first dQ_acc (above).
 inline size_t bwd_workspace_bytes(const AttnProblem& p, DqMode mode = DqMode::atomics) {
-  const int64_t dq_acc = mode == DqMode::atomics ? int64_t(p.B) * p.H * dq_acc_rows(p.Nq) * p.d : 0;
-  return size_t(dq_acc + p.lse_elems()) * sizeof(float);
+  return size_t((mode == DqMode::atomics ? dq_acc_elems(p) : 0) + p.lse_elems()) * sizeof(float);
 }
 
 // CTAs of the main kernel: one per (K/V block, batch, key/value head).

@@ -84,7 +84,8 @@ def main(argv=None):
                         o = ours()
                     except (attn_ladder.AttnLadderError, ValueError) as e:  # a shape the rung refuses
                         sys.exit(f"vs_cudnn.py: {a.rung} refuses d={d} N={n} causal={causal}: {e}")
-                    o_diff = ((o.float() - cudnn().float()).norm() / cudnn().float().norm()).item()
+                    ref = cudnn().float()
+                    o_diff = ((o.float() - ref).norm() / ref.norm()).item()
                     if not o_diff <= O_DIFF_BOUND:
                         sys.exit(f"vs_cudnn.py: {a.rung} and cuDNN disagree at d={d} N={n} causal={causal}: "
                                  f"relative difference {o_diff:.2e} > {O_DIFF_BOUND}")
