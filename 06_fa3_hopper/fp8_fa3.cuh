@@ -10,7 +10,7 @@
 //     Ablations (Fp8VPath, fa3_fp8.h): keys in order with P's registers permuted across
 //     each quad (byte permutes and two shuffles), and V̂ᵀ made by the pre-kernel in HBM;
 //   - a Q̂ or K̂ row is d bytes: at d = 64 half a 128-byte swizzle row, so those tiles use
-//     the 64-byte swizzle, while V̂ᵀ keeps 128-byte rows (Fp8Layout, fa3_fp8.h);
+//     the 64-byte swizzle; V̂ᵀ rows are B_c keys, 64-byte chunks at d = 128 (Fp8Layout);
 //   - S_ij is dequantized inside the softmax: scores = q_scale * k_scale_j * (Q̂_i K̂_jᵀ),
 //     the product folded into the exponent's scale (no extra pass over S);
 //   - P_ij is multiplied by 2^8 before rounding to e4m3 (FA3's max offset: the largest
@@ -24,7 +24,7 @@
 //   - at d <= 128 6 of every 8 pairs of exponentials by exp2_e4m3_linear (common/exp2_linear.h:
 //     2^x to within 4 % before e4m3's rounding, straight to P's e4m3 byte by an FFMA and a
 //     clamp, which byte permutes put in place), the rest on the MUFU and converted (F2FP);
-//   - K/V rings of three stages (two at d = 256 with the transpose's rings); no CTA pairs.
+//   - rings: K̂ and V̂ᵀ three deep, V̂ two at d >= 128; all two deep at d = 256; no CTA pairs.
 //
 // One launch runs the quantization pre-kernel (fp8_quantize.cuh) and then this kernel
 // (launch_fp8, fa3_fp8.h); on e4m3 inputs the kernel alone (fp8_e4m3_inputs.cuh). Included
@@ -82,7 +82,7 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
   // from HBM: both kStages): an FP8 block computes in half the time of a bf16 one, so a third
   // stage hides the loads better. The transpose writes a V̂ᵀ ring of its own, kVtStages
   // deep, a block or two ahead of the P V; its input ring holds V̂_j only until then, so at
-  // d = 128 it gives a stage to the V̂ᵀ ring (218 KiB in all). At d = 256 the four tiles'
+  // d = 128 it gives a stage to the V̂ᵀ ring (213 KiB in all). At d = 256 the four tiles'
   // rings fit only two deep (224 KiB).
   static constexpr int kStages = kTransposeV && D == 256 ? 2 : 3;
   static constexpr int kVStages = kTransposeV && D >= 128 ? 2 : kStages;
