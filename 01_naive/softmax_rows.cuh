@@ -1,5 +1,5 @@
 // Device building blocks of the softmax kernels of 01, 02 and 03a: one warp per row of S,
-// the row streamed in chunks with several 16-byte loads in flight per lane.
+// the row streamed in chunks with 64 bytes of loads in flight per lane.
 //
 // A step of the walk over row S_i (Width = 4, Unroll = 4 shown):
 //

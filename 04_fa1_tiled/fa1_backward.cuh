@@ -1,6 +1,6 @@
 // 04 backward: FlashAttention-1, Algorithm 4 of Dao et al. 2022 (Appendix B), as written,
-// without dropout. The forward saved O and the logsumexp L = m + log ℓ; nothing N x N. The
-// backward recomputes P_ij = exp(S_ij − L_i) block by block:
+// without dropout; ℓ and m are kept folded into L = m + log ℓ (as FA2 does); nothing N x N.
+// The backward recomputes P_ij = diag(ℓ_i)⁻¹ exp(S_ij − m_i) = exp(S_ij − L_i) block by block:
 //
 //  7  for j = 1 … T_c:                                  (one CTA per j, batch, key/value head)
 //  8    load K_j, V_j from HBM to SRAM

@@ -27,7 +27,7 @@
 //
 // Who owns what (d = 64: B_c = 128 keys, 4 warps; B_r = 64 query rows per step). Warp w owns
 // keys 32w … 32w + 31 of K_j: it computes Sᵀ and dPᵀ for them against the step's query rows,
-// so P_ijᵀ, dS_ijᵀ and its rows of dK_j, dV_j never leave its registers. Only dQ_i mixes
+// so P_ijᵀ and its rows of dK_j, dV_j never leave its registers (dS_ijᵀ only for dQ). dQ_i mixes
 // keys: dS_ij K_j sums over all of K_j, so dSᵀ goes through shared memory, and for that
 // product warps split the query rows instead (and d, in 32-column chunks):
 //

@@ -8,7 +8,7 @@
 //     read once for all of them. The CTA runs FA2's loop (Algorithm 1, lines 6-10) over its
 //     keys only and writes, per row, a partial O^(s) = O_i / l_i (fp32) and its logsumexp
 //     L^(s) = m_i + log l_i to the workspace.
-//  2. combine: one warp per row merges the splits with rung 03's rescaling:
+//  2. combine: one CTA (4 warps) per row merges the splits with rung 03's rescaling:
 //        L = log sum_s e^(L^(s)),   O = sum_s e^(L^(s) - L) O^(s)
 //     (each O^(s) is its split's softmax-weighted mean; e^(L^(s) - L) is the share of the
 //     row's softmax mass its keys hold).

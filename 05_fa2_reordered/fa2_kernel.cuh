@@ -2,7 +2,7 @@
 // head h, batch b); the CTA loops over the K/V blocks j, keeping O_i, m_i and l_i in
 // registers, and divides by l_i once, after the loop.
 //
-// Work split inside a CTA (B_r = 128, 4 warps): warp w owns 32 rows of Q_i, hence the
+// Work split inside a CTA (B_r = 128, 4 warps; 64 at d = 256): warp w owns B_r/4 rows of Q_i, hence the
 // same rows of S_ij, P_ij and O_i. It reads all of K_j and V_j from shared memory, so no
 // warp ever needs another warp's partial results (no shared-memory reduction).
 //

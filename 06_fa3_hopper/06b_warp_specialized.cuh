@@ -40,7 +40,7 @@ struct Config {
   static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D * sizeof(T);
   static constexpr uint32_t kKVBytes = uint32_t(B_c) * D * sizeof(T);
 
-  // setmaxnreg budgets (64K registers / CTA): 128 x 24 + 256 x 240 (or 384 x 160) <= 65536.
+  // setmaxnreg budgets: 128 x 24 + 256 x 240 (or 384 x 160) <= the launch's 384 x 168 (512 x 128).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr int kWarpsPerWg = kWgThreads / 32;

@@ -5,8 +5,8 @@
 // S_ij = Q_i K_jᵀ is issued while the other runs its softmax.
 //
 //   consumer warpgroup w, block j:
-//     wait for the turn (bar.sync w); issue S_ij = Q_i K_jᵀ; hand the turn on
-//     (bar.arrive w + 1); softmax; O_i += P_ij V_j
+//     wait for the turn (bar.sync 1 + w); issue S_ij = Q_i K_jᵀ; hand the turn on
+//     (bar.arrive 1 + (w + 1) mod n); softmax; O_i += P_ij V_j
 //
 // Everything else is 06b: a producer warpgroup streams K_j, V_j through a ring of
 // full/empty mbarriers, the consumers take the producer's registers (setmaxnreg).
@@ -39,7 +39,7 @@ struct Config {
   static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D * sizeof(T);
   static constexpr uint32_t kKVBytes = uint32_t(B_c) * D * sizeof(T);
 
-  // setmaxnreg budgets (64K registers / CTA): 128 x 24 + 256 x 240 (or 384 x 160) <= 65536.
+  // setmaxnreg budgets: 128 x 24 + 256 x 240 (or 384 x 160) <= the launch's 384 x 168 (512 x 128).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr int kWarpsPerWg = kWgThreads / 32;
@@ -275,8 +275,8 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
 }
 
 // ---------------------------------------------------------------------------------------
-// Ping-pong: consumer warpgroups take turns (0, 1, .., 0, 1, ..) issuing their GEMMs;
-// issuing hands the turn on, and the next one's GEMMs run under this one's softmax.
+// Ping-pong: consumer warpgroups take turns (0, 1, .., 0, 1, ..) issuing their S GEMM;
+// issuing hands the turn on, and the next one's S GEMM runs under this one's softmax.
 // ---------------------------------------------------------------------------------------
 
 template <class Cfg>

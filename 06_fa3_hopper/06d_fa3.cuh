@@ -15,12 +15,12 @@
 //                             never-taken branch holds it below (hold_wait_below), and
 //                             scripts/sass_order.py checks the SASS (CTest: sass_order);
 //
-//   lazy rescaling            m_i moves only when a row's max grows by more than 2^8
-//                             (kRescaleLog2), so most blocks skip O_i *= alpha;
+//   lazy rescaling            m_i moves only when a row's max grows by more than 8 in
+//                             log2 units (kRescaleLog2), so most blocks skip O_i *= alpha;
 //   max last (d <= 128)       blocks 1, 2, ... exponentiate against the running m_i and
 //                             take the block's max from P afterwards, only where a row sum
 //                             of P passes 2^8 (settle_speculation);
-//   persistent CTAs           one CTA per SM walks tiles from a counter (Schedule), its
+//   persistent CTAs           one CTA per SM walks tiles (causal: from a counter), its
 //                             producer loading the next tile while the consumers finish;
 //   per head dim              ping-pong only at d <= 128 (at d = 256 the P V GEMM
 //                             dominates and forced turns only add waiting, as in FA3).
@@ -44,8 +44,8 @@ namespace attn::fa3::step06d {
 // kCtaPairs: the kernel carries the CTA pairs' code (fa3_launch.h: cta_pairs_code_in_06d).
 template <int D, typename T, bool kCtaPairs>
 struct Config {
-  // Ping-pong where the softmax is a large share of the work (d <= 128): at d = 256 the P V
-  // GEMM dominates and forced turns only add waiting (as FA3 does).
+  // Ping-pong where the softmax is a large share of the work (d <= 128): at d = 256 the
+  // GEMMs dominate and forced turns only add waiting (as FA3 does).
   static constexpr bool kPingpong = D <= 128;
   // The softmax of blocks 1, 2, ... exponentiates against the running max m_i and takes the
   // block's max from P afterwards, where needed at all (settle_speculation): at
@@ -72,7 +72,7 @@ struct Config {
   static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D * sizeof(T);
   static constexpr uint32_t kKVBytes = uint32_t(B_c) * D * sizeof(T);
 
-  // setmaxnreg budgets (64K registers / CTA): 128 x 24 + 256 x 240 (or 384 x 160) <= 65536.
+  // setmaxnreg budgets: 128 x 24 + 256 x 240 (or 384 x 160) <= the launch's 384 x 168 (512 x 128).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr int kWarpsPerWg = kWgThreads / 32;
@@ -547,7 +547,7 @@ __device__ void overlapped_blocks(Smem& s, const Params<T>& p, const Tile& t, co
                                   float (&m)[2], float (&l)[2]) {
   const T* Q_i = s.q[turn.wg];
   float S[Cfg::B_c / 2];  // S_ij, then P_ij in place
-  float alpha[2];         // exp(m_old - m_new), rescales O_i
+  float alpha[2];         // 2^(m_old - m_new), rescales O_i
   Speculation<T> sp{p, t, wg_row0};  // kSpeculativeMax: exps_against_running_max -> settle_speculation
   // Block 0: S_i0 and its softmax alone.
   qk_and_wait<Cfg>(S, s, p, t, turn, Q_i, Slot<Cfg>(t.kv0), 0);

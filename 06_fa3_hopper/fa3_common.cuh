@@ -97,8 +97,8 @@ __device__ Tile tile_in_sequence(const Prm& p, TileCoord c, int seq, int& kv) {
 }
 
 // The seq-th unit of a warp-specialized CTA (06b on). The first is the CTA's own index (per
-// cluster of ctas_per_unit CTAs). Schedule::persistent (06d) then hands out units in turn
-// from a counter, each to whichever CTA asks next: a greedy list schedule, as the hardware's
+// cluster of ctas_per_unit CTAs). Schedule::persistent (06d) with a causal mask then hands out
+// units from a counter, each to whichever CTA asks next: a greedy list schedule, as the hardware's
 // own hand-out of CTAs is, which with the causal mask's longest-first order (tile_order.h)
 // keeps the CTAs' total work within about one tile of each other. (Fixed rounds b, b + G,
 // ... would give CTA 0 the longest tile of every round.) Past the last unit, the producer
@@ -110,7 +110,7 @@ __device__ Tile tile_in_sequence(const Prm& p, TileCoord c, int seq, int& kv) {
 template <class Prm>
 __device__ int next_unit(const Prm& p, int seq, int ctas_per_unit = 1) {
   const int ctas = gridDim.x / ctas_per_unit, cta = blockIdx.x / ctas_per_unit;
-  if (seq == 0 || !p.unit_counter)  // CTA pairs, and one tile per CTA (whose second unit is past the end)
+  if (seq == 0 || !p.unit_counter)  // no mask, CTA pairs, one tile per CTA (its second unit: past the end)
     return seq * ctas + cta;
   int taken = 0;
   if (threadIdx.x % 32 == 0) taken = atomicAdd(p.unit_counter, 1);

@@ -228,7 +228,7 @@ __device__ inline void wgmma_wait() {
 }
 // A scheduling fence: the code after it starts a new basic block that depends on `after`.
 // ptxas schedules a wgmma wait as early as its basic block allows, above independent
-// arithmetic (a 06d consumer's whole softmax, meant to run while its P V is in flight); it
+// arithmetic (the FP8 consumer's softmax, meant to run while its P V is in flight); it
 // does not hoist it above a branch. The branch is never taken: no float operation yields
 // the bit pattern 0xffffffff (the GPU's NaN is 0x7fffffff).
 __device__ inline void fence_schedule_after(float after) {

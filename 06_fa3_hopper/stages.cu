@@ -214,7 +214,7 @@ std::vector<Stage> fa3_stages() {
                      "TMA loads on mbarriers, wgmma SS (QK^T) and RS (PV); one warpgroup", rows_06a,
                      fa3::block_cols_06a, launch_06a),
       one_tile_stage("06b_warp_specialized", "06a_tma_wgmma",
-                     "producer warpgroup + K/V ring; two consumer warpgroups (setmaxnreg)", fa3::block_rows,
+                     "producer warpgroup + K/V ring; 2 consumer warpgroups, 3 at d = 64 (setmaxnreg)", fa3::block_rows,
                      fa3::block_cols, launch_06b),
       one_tile_stage("06c_pingpong", "06b_warp_specialized",
                      "named barriers: one consumer's softmax under the other's GEMMs", fa3::block_rows,

@@ -1,10 +1,10 @@
 // Analytic cost model: FLOPs and HBM bytes per rung, the formulas each rung's README
-// derives from its loop nest. Leading terms only (the per-row statistics m and l are
-// counted where a rung keeps them in HBM). Unit-tested on the CPU (tests/test_hbm_model.cpp).
+// derives from its loop nest. Leading terms only (the per-row statistics m and l are counted
+// by the fused rungs' models; the score pipeline's leave them out). Tested in tests/test_cpu.cpp.
 //
 // Notation: e = bytes per element of Q/K/V/O/P; S is fp32 (4 bytes); "pairs" = the
 // (query, key) pairs the mask leaves visible (Nq*Nk without causal masking).
-// K and V traffic of the fused rungs is counted per query head: with GQA each query head
+// K and V traffic of the fused rungs (not decode) is counted per query head: with GQA each query head
 // streams its K/V head itself (L2 may share it; the model does not assume so).
 #pragma once
 
@@ -28,7 +28,7 @@ double flops(const AttnProblem& p);
 double min_bytes(const AttnProblem& p);
 
 // 01, 02, 03a: S = QKᵀ by a GEMM (fp32 S written), a softmax that reads S `softmax_reads`
-// times and writes P, O = PV by a GEMM (P and V read, O written). Q, K, V, O once each.
+// times and writes P, O = PV by a GEMM (P and V read, O written). Q, O once; K, V once per query head.
 double score_pipeline_bytes(const AttnProblem& p, int softmax_reads);
 // The softmax kernel(s) alone: the visible part of S read `softmax_reads` times, P
 // (all Nq x Nk, zeros where masked) written once.
