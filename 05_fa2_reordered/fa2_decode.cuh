@@ -271,7 +271,7 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const Decode
   early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   early.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &early;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = decode_has_pdl() ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, fa2_decode_combine_kernel<T, kD>, static_cast<const float*>(prm.o_part),
                                 static_cast<const float*>(prm.lse_part), prm.o, prm.lse, split.splits));
   CUDA_CHECK_LAUNCH();

@@ -85,6 +85,18 @@ inline DecodeSplit decode_split(const AttnProblem& p, int sm_count) {
 }
 
 // The current device's SM count (132 without one, so that a CPU caller gets an answer).
+// Whether the current device has programmatic dependent launch (sm_90 on): the combine is
+// launched beside the split kernel there, after it elsewhere.
+inline bool decode_has_pdl() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
+}
+
 inline int decode_sm_count() {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||

@@ -67,9 +67,18 @@ __device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], 
 // Programmatic dependent launch (sm_90): a grid launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA of the grid
 // before it has called launch_dependents (or exited); it calls wait before reading what that
-// grid writes, which returns once that grid has finished and its writes are visible.
-__device__ inline void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ inline void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// grid writes, which returns once that grid has finished and its writes are visible. Below
+// sm_90 both are empty: the grids then run one after the other (launch_fa2_decode).
+__device__ inline void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ inline void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 
 // exp2_approx and pack2 live in common/device_math.cuh (rung 06 uses them too).
 

@@ -15,6 +15,7 @@ j <= i + (Nk - Nq); a row that sees no key gets O = 0 and logsumexp = -inf.
 """
 
 import ctypes
+import math
 import os
 import pathlib
 
@@ -80,10 +81,11 @@ _lib = None
 
 
 def library_path():
-    """Where the shared library is loaded from: the package's own, $ATTN_LADDER_LIB, <repo>/build/."""
-    if _PACKAGE_LIB.is_file():
-        return _PACKAGE_LIB
-    return pathlib.Path(os.environ.get("ATTN_LADDER_LIB") or _REPO_LIB)
+    """Where the shared library is loaded from: $ATTN_LADDER_LIB if set, else the package's own,
+    else <repo>/build/."""
+    if os.environ.get("ATTN_LADDER_LIB"):
+        return pathlib.Path(os.environ["ATTN_LADDER_LIB"])
+    return _PACKAGE_LIB if _PACKAGE_LIB.is_file() else _REPO_LIB
 
 
 def _load():
@@ -250,6 +252,16 @@ def _check_descale(rung, q, k, descale):
                              f"{'' if t.is_contiguous() else ', not contiguous'}")
 
 
+def _check_scale(scale):
+    """None (1/sqrt(d)) or a positive scale that stays positive and finite in fp32: the C API
+    reads 0 as 'the default', so a scale that rounds to 0 must not reach it."""
+    if scale is None:
+        return
+    as_fp32 = ctypes.c_float(scale).value
+    if not (scale > 0 and as_fp32 > 0 and math.isfinite(as_fp32)):
+        raise ValueError(f"scale must be positive and finite in fp32 (None means 1/sqrt(d)), got {scale}")
+
+
 def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False, descale=None):
     """O = softmax(scale * Q K^T + mask) V by the named rung; returns O (and lse if asked).
 
@@ -276,8 +288,7 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False, de
         _check_descale(rung, q, k, descale)
     elif descale is not None:
         raise ValueError(f"descale goes with float8_e4m3fn q, k, v, got {q.dtype}")
-    if scale is not None and not scale > 0:
-        raise ValueError(f"scale must be positive (None means 1/sqrt(d)), got {scale}")
+    _check_scale(scale)
     lib = _load()
 
     B, H, Nq, d = q.shape
@@ -293,12 +304,12 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False, de
     err = ctypes.create_string_buffer(_ERR_LEN)
     rung_c = rung.encode()
     need = ctypes.c_size_t(0)
-    _raise_unless_ok(lib.attn_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err, _ERR_LEN),
-                     rung, err)
-    # The workspace comes from PyTorch's caching allocator on the current stream, and the
-    # launch is only enqueued: no cudaMalloc, no synchronization.
-    workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
-    with torch.cuda.device(q.device):  # the library runs on the current CUDA device
+    with torch.cuda.device(q.device):  # the library runs on the current CUDA device (sizes too)
+        _raise_unless_ok(lib.attn_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err, _ERR_LEN),
+                         rung, err)
+        # The workspace comes from PyTorch's caching allocator on the current stream, and the
+        # launch is only enqueued: no cudaMalloc, no synchronization.
+        workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
         stream = torch.cuda.current_stream(q.device).cuda_stream
         tail = (
             o.data_ptr(),
@@ -351,19 +362,18 @@ def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
     if (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, Nq) or lse.dtype != torch.float32
             or lse.device != q.device or not lse.is_contiguous()):
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {(B, H, Nq)} on {q.device}")
-    if scale is not None and not scale > 0:
-        raise ValueError(f"scale must be positive (None means 1/sqrt(d)), got {scale}")
+    _check_scale(scale)
     lib = _load()
     if not hasattr(lib, "attn_run_backward_async"):
         raise AttnLadderError(_INVALID_INPUT, f"attn_ladder '{rung}': this library has no backward pass")
     Hkv, Nk = k.shape[1], k.shape[2]
     problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), _DTYPE_CODES[q.dtype], float(scale or 0.0))
     err, rung_c, need = ctypes.create_string_buffer(_ERR_LEN), rung.encode(), ctypes.c_size_t(0)
-    _raise_unless_ok(lib.attn_backward_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err,
-                                                       _ERR_LEN), rung, err)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
     with torch.cuda.device(q.device):
+        _raise_unless_ok(lib.attn_backward_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err,
+                                                           _ERR_LEN), rung, err)
+        workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
         stream = torch.cuda.current_stream(q.device).cuda_stream
         rc = lib.attn_run_backward_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                          o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),

@@ -3,11 +3,12 @@
 Registered with torch.library.custom_op, so torch.compile(fullgraph=True) traces it (the
 fake implementation gives the output shapes and dtypes without running anything) and CUDA
 graphs capture it (the rung is only enqueued, its workspace comes from PyTorch's caching
-allocator). Autograd: the rungs with a backward pass (04_fa1_tiled, 05_fa2_reordered; see
-attn_ladder.backward_head_dims) differentiate O through attn_ladder::attention_backward, which
-recomputes P from the saved lse; asking for a gradient through any other rung raises a clear
-error instead of silently stopping the gradient. The lse output is not differentiated:
-attention() returns it detached.
+allocator). Autograd: the rungs with a backward pass (has_backward: 04_fa1_tiled,
+05_fa2_reordered and its backward ablations) differentiate O through
+attn_ladder::attention_backward, which recomputes P from the saved lse; asking for a gradient
+through any other rung raises a clear error (at the call, or where the operator's autograd is
+set up: compiled or called directly) instead of silently stopping the gradient. The lse output
+is not differentiable (marked so; attention() also returns it detached).
 """
 
 import math
@@ -53,7 +54,8 @@ def _no_backward_message(rung, d, fp8):
     dims = [] if fp8 else _capi.backward_head_dims(rung)
     why = (f"has a backward pass for d in {dims} only, not d = {d}" if dims else
            "has no backward pass (the FP8 path is forward only)" if fp8 else "has no backward pass")
-    return (f"attn_ladder: rung '{rung}' {why}; differentiate through 04_fa1_tiled or 05_fa2_reordered, "
+    with_backward = ", ".join(r for r in _capi.rungs() if _capi.backward_head_dims(r))
+    return (f"attn_ladder: rung '{rung}' {why}; differentiate through one that has ({with_backward}), "
             "or run it under torch.no_grad() / on tensors that do not require grad")
 
 
@@ -65,18 +67,23 @@ def _backward(ctx, grad_o, grad_lse):
     return dq, dk, dv, None, None, None, None
 
 
+# Runs only when q, k or v requires grad (and grad mode is on), eagerly or where AOTAutograd
+# traces a compiled graph: the refusal of a rung without a backward lives here, so it holds
+# for the operator called directly and under torch.compile.
 def _save_for_backward(ctx, inputs, output):
     q, k, v, rung, causal, scale, fp8 = inputs
+    if not has_backward(rung, q.shape[-1], fp8):
+        raise RuntimeError(_no_backward_message(rung, q.shape[-1], fp8))
     ctx.rung, ctx.causal, ctx.scale, ctx.fp8, ctx.d = rung, causal, scale, fp8, q.shape[-1]
-    if has_backward(rung, q.shape[-1], fp8):
-        ctx.save_for_backward(q, k, v, *output)
+    ctx.mark_non_differentiable(output[1])  # lse: its gradient would be dropped
+    ctx.save_for_backward(q, k, v, *output)
 
 
 _attention.register_autograd(_backward, setup_context=_save_for_backward)
 
 
-def _no_backward(ctx, *grads):
-    raise RuntimeError(_no_backward_message(ctx.rung, None, True))
+def _no_backward(ctx, *grads):  # not reached: _remember_e4m3_rung refuses first
+    raise RuntimeError("attn_ladder: the e4m3 operator has no backward pass")
 
 
 # The same on e4m3 inputs with their descales (the rung "06_fp8_e4m3"): an operator of its
@@ -96,7 +103,7 @@ def _(q, k, v, q_descale, k_descale, v_descale, rung, causal, scale):
 
 
 def _remember_e4m3_rung(ctx, inputs, output):
-    ctx.rung = inputs[6]
+    raise RuntimeError(_no_backward_message(inputs[6], None, True))
 
 
 _attention_e4m3.register_autograd(_no_backward, setup_context=_remember_e4m3_rung)
@@ -113,11 +120,16 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
     attn_ladder::attention_e4m3), their fp32 descales (q_descale, k_descale, v_descale), one per
     block of rows (attn_ladder.descale_blocks); O in bfloat16. Autograd differentiates O through
     the rungs with a backward pass (has_backward); through any other, when q, k or v requires
-    grad, it raises RuntimeError here, before running. lse is returned detached.
+    grad, it raises RuntimeError (eagerly here, before running; under torch.compile when the
+    graph is traced). Bad tensors raise ValueError. lse is returned detached.
     """
-    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    if needs_grad and (descale is not None or not has_backward(rung, q.shape[-1], fp8)):
-        raise RuntimeError(_no_backward_message(rung, q.shape[-1], fp8 or descale is not None))
+    _capi._check_inputs(q, k, v)  # before dispatch: a CPU tensor gets ValueError, not NotImplementedError
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    # Eagerly, refuse before running. Not while Dynamo traces: the check loads the library (file
+    # and ctypes calls, which it cannot trace); the operator's setup_context refuses there.
+    if needs_grad and not torch.compiler.is_compiling():
+        if descale is not None or not has_backward(rung, q.shape[-1], fp8):
+            raise RuntimeError(_no_backward_message(rung, q.shape[-1], fp8 or descale is not None))
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if descale is not None:

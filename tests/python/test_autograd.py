@@ -156,6 +156,52 @@ def test_gradient_through_a_rung_without_backward_is_refused():
             attn_ladder.attention(q, k, v, rung=rung)  # forward alone still runs
 
 
+def test_compiled_before_any_eager_call():
+    # torch.compile(fullgraph=True) as a process's first use of the library, on inputs that
+    # require grad: attention() must not load the library while Dynamo traces it.
+    if "05_fa2_reordered" not in BACKWARD_RUNGS:
+        pytest.skip("05_fa2_reordered has no backward pass in this build")
+    script = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import attn_ladder
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k, v = (torch.randn(1, 2, 70, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+def loss(q, k, v):
+    return attn_ladder.attention(q, k, v, rung="05_fa2_reordered", causal=True).float().square().sum()
+grads = []
+for f in (torch.compile(loss, fullgraph=True), loss):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    f(*leaves).backward()
+    grads.append([t.grad.float() for t in leaves])
+for a, b in zip(*grads):
+    assert ((a - b).norm() / b.norm()).item() <= 1e-2
+try:
+    torch.compile(lambda q: attn_ladder.attention(q, k, v, rung="03b_fused_online"), fullgraph=True)(
+        q.detach().clone().requires_grad_())
+    sys.exit("a compiled gradient request through 03b was not refused")
+except Exception as e:
+    assert "no backward pass" in str(e), e
+print("ok")
+"""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", script, str(REPO / "python")], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_operator_called_directly():
+    # torch.ops.attn_ladder.attention, not the wrapper: a rung without a backward refuses a
+    # gradient request, and lse is not differentiable.
+    q, k, v, _ = make(1, 2, 2, 40, 40, 64, torch.bfloat16)
+    q.requires_grad_()
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        torch.ops.attn_ladder.attention(q, k, v, "03b_fused_online", False, 0.125, False)
+    if "05_fa2_reordered" in BACKWARD_RUNGS:
+        o, lse = torch.ops.attn_ladder.attention(q, k, v, "05_fa2_reordered", False, 0.125, False)
+        assert o.requires_grad and not lse.requires_grad
+
+
 def test_lse_is_returned_detached():
     rung = BACKWARD_RUNGS[-1] if BACKWARD_RUNGS else pytest.skip("no rung with a backward pass")
     q, k, v, _ = make(1, 2, 2, 40, 40, 64, torch.bfloat16)

@@ -268,6 +268,22 @@ def test_bad_inputs_are_refused_with_a_message():
         attn_ladder.attention(q, k, v, rung="07_nope")
 
 
+def test_bad_inputs_through_the_operator():
+    q, k, v = inputs()
+    with pytest.raises(ValueError, match="CUDA device"):  # not the dispatcher's NotImplementedError
+        attn_ladder.attention(q.cpu(), k.cpu(), v.cpu(), rung="05_fa2_reordered")
+    with pytest.raises(ValueError, match="fp32"):  # 1e-46 rounds to 0 in fp32, the C API's "default"
+        attn_ladder.attention(q, k, v, rung="05_fa2_reordered", scale=1e-46)
+    with pytest.raises(ValueError, match="fp32"):
+        attn_ladder.attention(q, k, v, rung="05_fa2_reordered", scale=1e39)
+
+
+def test_library_path_prefers_the_environment(monkeypatch, tmp_path):
+    lib = tmp_path / "libattn_ladder.so"
+    monkeypatch.setenv("ATTN_LADDER_LIB", str(lib))
+    assert attn_ladder.library_path() == lib
+
+
 def test_rung_info():
     info = attn_ladder.rung_info("05_fa2_reordered")
     assert set(info["dtypes"]) == {"bf16", "fp16"}
