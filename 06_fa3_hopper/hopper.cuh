@@ -12,6 +12,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -67,17 +68,23 @@ inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type
 // Host: launch configuration
 // ---------------------------------------------------------------------------------------
 
-// Once per kernel, at its first launch: opt in to more than 48 KB of dynamic shared memory
-// and ask how many CTAs of it fit on one SM.
+// Once per kernel and device, at its first launch there: opt in to more than 48 KB of
+// dynamic shared memory (an attribute of the device's context) and ask how many CTAs of it
+// fit on one SM. A kernel launched on a second GPU is configured there again.
 template <auto kKernel>
 int configure_kernel(int threads, size_t smem_bytes) {
-  static const int ctas_per_sm = [=] {
-    CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-    int n = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem_bytes));
-    return n > 1 ? n : 1;
-  }();
-  return ctas_per_sm;
+  constexpr int kDevices = 64;
+  static std::atomic<int> ctas_per_sm[kDevices];  // 0: not configured on that device yet
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  if (device < kDevices && ctas_per_sm[device].load(std::memory_order_relaxed) > 0)
+    return ctas_per_sm[device].load(std::memory_order_relaxed);
+  CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  int n = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem_bytes));
+  n = n > 1 ? n : 1;
+  if (device < kDevices) ctas_per_sm[device].store(n, std::memory_order_relaxed);
+  return n;
 }
 
 // A persistent grid over `units` pieces of work: as many CTAs as fit on the current device

@@ -10,8 +10,8 @@
 // alongside.
 // --time: the FP8 launch, its pre-kernel alone and its attention kernel alone (on the
 // workspace the pre-kernel filled; its TB/s counts the bytes it must move,
-// fp8_quantize_bytes), next to 06d bf16, on the paper sweep's long sequences
-// (N = 8192, 16384; H = 2048 / d; non-causal). --time-only: that, without the RMSE table.
+// fp8_quantize_bytes), next to 06d bf16, at the paper sweep's long sequences
+// (N = 8192, 16384; H = 2048 / d; non-causal) with B = 1. --time-only: that, without the RMSE table.
 // --timing: as attn_bench's (flushed, the default and the protocol's; isolated; back-to-back),
 // for every timed launch.
 #include <cmath>
@@ -97,7 +97,7 @@ void timing(std::FILE* out, cudaStream_t stream, TimingMode mode) {
   if (mode != TimingMode::flushed)
     std::fprintf(out, "\ntiming: %s (not the protocol's flushed runs)", timing_mode_name(mode));
   std::fprintf(out, "\n%-12s %6s %4s %10s %10s %10s %8s %10s %10s %10s\n", "", "N", "d", "total ms", "quant ms",
-               "attn ms", "quant %", "quant TB/s", "attn TF/s", "06d TF/s");
+               "attn ms", "q / attn", "quant TB/s", "attn TF/s", "06d TF/s");
   for (int d : fa3::kFp8HeadDims)
     for (int N : {8192, 16384}) {
       AttnProblem p;

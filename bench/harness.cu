@@ -385,7 +385,7 @@ std::vector<Row> Harness::run_problem(const AttnProblem& p, const std::vector<co
     r.tflops = r.model_flops / (r.t.median_ms * 1e-3) / 1e12;
     if (s->launch_softmax_only) {
       Timing sm = time_launch([&] { s->launch_softmax_only(p, t, stream_); }, *flusher_, stream_, opt_.warmup,
-                              opt_.repeats, opt_.max_seconds_per_rung);
+                              opt_.repeats, opt_.max_seconds_per_rung, opt_.warm_seconds, opt_.timing);
       r.softmax_ms = sm.median_ms;
       if (s->softmax_model_bytes) r.softmax_model_bytes = s->softmax_model_bytes(p);
     }

@@ -101,7 +101,8 @@ int report(const char* name, const AttnProblem& p, Launch&& launch) {
   };
 
   // Cycles per microsecond: CTA 0's span (its first Q issue to its last output) over the
-  // kernel's time, a slight overestimate of the clock (the kernel also starts and drains).
+  // kernel's time, a slight underestimate of the clock (the kernel also starts and drains), so
+  // the microseconds below run a little long; the cycles are what the lessons quote.
   const int seqs0 = (tiles + ctas - 1) / ctas;  // CTA 0's tiles
   if (seqs0 > fa3::kMaxSeq) throw AttnError("more tiles per CTA than the marks hold");
   const double span = mark(0, seqs0 - 1, 1, M::output_done) - mark(0, 0, 0, M::q_issued);

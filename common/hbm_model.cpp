@@ -26,7 +26,11 @@ int64_t keys_loaded(const AttnProblem& p, int64_t row_begin, int64_t row_end, in
 double flops(const AttnProblem& p) { return 4.0 * p.d * visible_pairs(p) * heads(p); }
 
 double min_bytes(const AttnProblem& p) {
-  return e(p) * (2.0 * p.q_elems() + 2.0 * p.kv_elems());
+  // Q, K, V read once as the launch takes them (bf16 for the FP8 rung that quantizes them
+  // itself, e4m3 for 06_fp8_e4m3), O written once in its storage type.
+  const double in = p.dtype == DType::e4m3 ? 1.0 : double(dtype_bytes(storage_dtype(p.dtype)));
+  const double out = double(dtype_bytes(storage_dtype(p.dtype)));
+  return in * (double(p.q_elems()) + 2.0 * p.kv_elems()) + out * p.q_elems();
 }
 
 double score_pipeline_bytes(const AttnProblem& p, int softmax_reads) {

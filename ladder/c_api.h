@@ -5,7 +5,9 @@
      attn_workspace_bytes() bytes (NULL when that is 0) and a stream; the call validates,
      enqueues and returns. It never allocates, never synchronizes and never queries free
      memory, so it can be captured in a CUDA graph and its workspace can come from any
-     allocator (PyTorch's caching allocator, say).
+     allocator (PyTorch's caching allocator, say). The exception: 01, 02 and 03a run their two
+     GEMMs on cuBLAS, which creates its handle on the first call on a device and manages its
+     own workspace; run them once before capturing them.
    - attn_run: the convenience entry. It allocates the workspace on `stream` with
      cudaMallocAsync and frees it there with cudaFreeAsync after the launch, with no
      synchronization either.
@@ -54,11 +56,13 @@ const char* attn_rung_name(int i);
 int attn_rung_info(const char* rung, attn_rung_info_t* info, char* err, size_t err_len);
 
 /* Validates the problem for `rung` (no GPU needed) and writes the workspace it needs, in
-   bytes, to *bytes (0 for most fused rungs). */
+   bytes, to *bytes (0 for most fused rungs). 05_fa2_decode's depends on the current device's
+   SM count: ask on the device it will run on. */
 int attn_workspace_bytes(const char* rung, const attn_problem_t* p, size_t* bytes, char* err, size_t err_len);
 
 /* Runs `rung` on device tensors q [B,H,Nq,d], k and v [B,Hkv,Nk,d], writing o [B,H,Nq,d]
    and, when lse is non-null and the rung writes it, lse [B,H,Nq] (fp32, natural log).
+   Contiguous; q, k, v, o and the workspace 16-byte aligned (refused otherwise).
    workspace: device memory of workspace_bytes >= attn_workspace_bytes(), or NULL when that
    is 0; it must stay allocated until the work enqueued on `stream` is done. Enqueues on
    `stream` (a cudaStream_t; NULL = default stream). Returns ATTN_OK, or an error code with
@@ -91,8 +95,9 @@ int attn_run_fp8_async(const char* rung, const attn_problem_t* p, const void* q,
 int attn_backward_info(const char* rung, int* head_dims, int* num_head_dims, char* err, size_t err_len);
 
 /* Validates the backward problem for `rung` (no GPU needed) and writes the workspace the
-   backward needs, in bytes, to *bytes (04 and 05: fp32 dQ accumulators, B*H*Nq*d floats,
-   and 05's D, B*H*Nq more). */
+   backward needs, in bytes, to *bytes (04 and 05: fp32 dQ accumulators of about B*H*Nq*d
+   floats, 05's with Nq rounded up to 8 rows, and its D, B*H*Nq more; 05_fa2_dq_pass: D
+   alone). Ask: do not compute it. */
 int attn_backward_workspace_bytes(const char* rung, const attn_problem_t* p, size_t* bytes, char* err,
                                   size_t err_len);
 

@@ -12,7 +12,8 @@ Writes four PNGs into --out (default: the first CSV's folder):
   hbm_bytes_vs_n.png     HBM bytes per rung vs N (d = 128, non-causal): model as lines,
                          measured read + write as markers
   roofline.png           arithmetic intensity vs achieved TFLOPS under the measured copy
-                         bandwidth slope and GEMM roof (hollow marker: model bytes, not measured)
+                         bandwidth slope and GEMM roof (hollow marker: model bytes, not measured;
+                         rungs only: the peers' traffic is neither measured nor modelled)
 and with --fp8 CSV (the FP8 run of scripts/reproduce.sh, fp8_speed.csv), from that file alone:
   fp8_vs_bf16.png        TFLOPS vs N of each fp8 rung and of 06d in bf16 in the same run, one
                          panel per d (non-causal), and below them the fp8 / bf16 ratio against
@@ -379,9 +380,10 @@ def plot_ladder_bars(rows, dtype, palette, out_dir):
 
 
 def min_bytes(r):
-    """Q, K, V read once and O written once (common/hbm_model.h: min_bytes), 2-byte elements."""
-    elem = 1 if r["dtype"] == "fp8" else 2
-    return elem * (2 * r["B"] * r["H"] * r["Nq"] * r["d"] + 2 * r["B"] * r["Hkv"] * r["Nk"] * r["d"])
+    """Q, K, V read once and O written once (common/hbm_model.h: min_bytes): 2-byte elements, but
+    e4m3 inputs for the rung that takes them; O is 2-byte for every dtype."""
+    q, kv = r["B"] * r["H"] * r["Nq"] * r["d"], r["B"] * r["Hkv"] * r["Nk"] * r["d"]
+    return (1 if r["dtype"] == "e4m3" else 2) * (q + 2 * kv) + 2 * q
 
 
 def plot_hbm_bytes(rows, dtype, palette, out_dir):
@@ -434,6 +436,8 @@ def plot_roofline(rows, dtype, palette, out_dir):
     handles = []
     for rung in palette.color:
         points_measured, points_model = [], []
+        if rung.startswith("torch_"):  # a peer's model_hbm_bytes is the Q, K, V, O floor, not its traffic
+            continue
         for r in (data.get(rung) or {}).values():
             if not r["tflops"] or not r["model_flops"]:
                 continue

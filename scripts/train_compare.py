@@ -13,7 +13,7 @@ k, v cast from the fp32 activations), through attn_ladder.attention (whose autog
 rung's backward pass) or torch.nn.functional.scaled_dot_product_attention; everything else is
 identical.
 
-Writes train_loss.csv (step, loss_sdpa, loss_ladder) and train_loss.png (both curves and their
+Writes train_loss.csv (step, loss_sdpa, loss_<rung>) and train_loss.png (both curves and their
 ratio) into --out, and prints the final losses (mean of the last 10 steps) and their relative
 difference. tests/python/test_train.py runs train() and asserts that difference is within 1 %.
 """

@@ -78,6 +78,11 @@ TEST(CApi, RunAsyncRefusesASmallWorkspaceBeforeAnyLaunch) {
                            sizeof err),
             ATTN_INVALID_INPUT);
   EXPECT_NE(std::string(err).find(std::to_string(need)), std::string::npos) << err;
+  // A misaligned pointer is refused too (the kernels copy 16-byte pieces), before any launch.
+  alignas(16) unsigned char buf[64];
+  EXPECT_EQ(attn_run_async("01_naive", &cp, buf + 4, buf, buf, buf, nullptr, buf, need, nullptr, err, sizeof err),
+            ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("Q is not 16-byte aligned"), std::string::npos) << err;
   EXPECT_EQ(attn_run_async("01_naive", &cp, nullptr, &dummy, &dummy, &dummy, nullptr, &dummy, need, nullptr, err,
                            sizeof err),
             ATTN_INVALID_INPUT);

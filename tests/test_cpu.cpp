@@ -185,6 +185,12 @@ TEST(HbmModel, ScorePipelineBytes) {
   double qkvo = 2.0 * (128 * 64 + 256 * 64 + 256 * 64 + 128 * 64);
   EXPECT_EQ(hbm::score_pipeline_bytes(p, 2), qkvo + 4 * S + 2 * S + (4 * S * 2 + 2 * S));
   EXPECT_EQ(hbm::min_bytes(p), qkvo);
+  // FP8: the rung quantizing bf16 inputs reads them as bf16; 06_fp8_e4m3 reads e4m3. O is bf16.
+  AttnProblem f = p;
+  f.dtype = DType::fp8_e4m3;
+  EXPECT_EQ(hbm::min_bytes(f), qkvo);
+  f.dtype = DType::e4m3;
+  EXPECT_EQ(hbm::min_bytes(f), 1.0 * (128 * 64 + 256 * 64 + 256 * 64) + 2.0 * 128 * 64);
   AttnProblem c = tiny(4, 4, 64, true);  // 10 visible of 16 scores: masked ones are not read
   EXPECT_EQ(hbm::softmax_bytes(c, 2), 4.0 * 10 * 2 + 2.0 * 16);
 }

@@ -123,6 +123,8 @@ TEST_F(Gpu, DecodeRepeatedRunsAreBitIdentical) {
   CUDA_CHECK(cudaMemcpy(ha.data(), a.o.get(), ha.size(), cudaMemcpyDeviceToHost));
   CUDA_CHECK(cudaMemcpy(hb.data(), b.o.get(), hb.size(), cudaMemcpyDeviceToHost));
   EXPECT_TRUE(ha == hb) << "two runs on the same inputs differ: a race";
+  EXPECT_EQ(count_nonfinite(a.o.get(), p.o_elems(), storage_dtype(p.dtype), stream_), 0)
+      << "unwritten (poison) or non-finite elements";
 }
 
 // Small shapes for compute-sanitizer (scripts/reproduce.sh runs '*Sanitize*' under each
