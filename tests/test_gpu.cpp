@@ -482,6 +482,33 @@ TEST_F(Gpu, SanitizeManyTilesPerCta) {
   if (checked == 0) GTEST_SKIP() << "no persistent (Hopper) rung runs here";
 }
 
+// A softmax scale other than 1/sqrt(d) (here 2/sqrt(d): peakier rows), on every 16-bit rung
+// with a mask, GQA and ragged lengths: a kernel that ignored p.scale would pass every other
+// test, whose problems all take the default. (FP8: test_fp8.cpp's peaked-softmax cases.)
+TEST_F(Gpu, CustomScaleMatchesFp64) {
+  int checked = 0;
+  for (const Stage& s : registry())
+    for (DType t : s.dtypes) {
+      if (is_fp8(t)) continue;
+      AttnProblem p;
+      p.H = 4;
+      p.Hkv = 2;
+      p.Nq = 61;
+      p.Nk = 257;
+      p.d = s.head_dims.front();
+      p.dtype = t;
+      p.causal = true;
+      p.scale = 2.f / std::sqrt(float(p.d));
+      if (!runs_here(s, p)) continue;
+      ++checked;
+      SCOPED_TRACE(s.name + " " + p.describe());
+      ProblemInputs in(p, 77, Fill::normal, 0, 1, stream_, true);
+      std::vector<RowIndex> rows = sampled_rows(p, 64);
+      expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
+    }
+  if (checked == 0) GTEST_SKIP() << "no 16-bit rung runs here";
+}
+
 // ---------------------------------------------------------------- measured HBM bytes
 
 TEST_F(Gpu, MeasuredBytesAgreeWithTheModel) {
