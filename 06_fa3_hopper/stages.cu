@@ -50,7 +50,7 @@ Stage step_stage(std::string name, std::string prev, std::string summary, int (*
   s.name = std::move(name);
   s.prev = std::move(prev);
   s.summary = std::move(summary);
-  s.min_sm = 90;  // TMA, wgmma and setmaxnreg (built for sm_90a)
+  s.min_sm = s.max_sm = 90;  // TMA, wgmma and setmaxnreg: built for sm_90a, which runs on 9.0 only
   s.dtypes = {DType::bf16, DType::fp16};
   s.head_dims.assign(std::begin(fa3::kHeadDims), std::end(fa3::kHeadDims));
   s.gqa = true;
@@ -117,7 +117,7 @@ Stage fp8_stage(std::string name, std::string prev, std::string summary, fa3::Fp
   s.name = std::move(name);
   s.prev = std::move(prev);
   s.summary = std::move(summary);
-  s.min_sm = 90;
+  s.min_sm = s.max_sm = 90;
   s.dtypes = {DType::fp8_e4m3};
   s.head_dims.assign(std::begin(fa3::kFp8HeadDims), std::end(fa3::kFp8HeadDims));
   s.gqa = true;

@@ -74,12 +74,16 @@ void validate_device(const Stage& s) {
   // Attribute queries are cheap; the full property struct (for the name) only on refusal.
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (major * 10 + minor < s.min_sm) {
+  const int cc = major * 10 + minor;
+  if (cc < s.min_sm || (s.max_sm && cc > s.max_sm)) {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     std::ostringstream os;
-    os << s.name << ": needs compute capability " << s.min_sm / 10 << "." << s.min_sm % 10 << " or newer; "
-       << prop.name << " is " << major << "." << minor;
+    os << s.name << ": needs compute capability " << s.min_sm / 10 << "." << s.min_sm % 10;
+    if (s.max_sm == s.min_sm) os << " exactly (its code is arch-specific: sm_" << s.min_sm << "a)";
+    else if (s.max_sm) os << " to " << s.max_sm / 10 << "." << s.max_sm % 10;
+    else os << " or newer";
+    os << "; " << prop.name << " is " << major << "." << minor;
     throw AttnError(os.str());
   }
 }

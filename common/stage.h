@@ -31,6 +31,7 @@ struct Stage {
   std::string prev;     // the rung this one is chain-checked against ("" for the first)
   std::string summary;  // one line for tables: what this rung adds
   int min_sm = 80;      // minimum compute capability, major*10 + minor (06 needs 90)
+  int max_sm = 0;       // maximum, where the code is arch-specific (06: sm_90a runs on 9.0 only); 0: none
   std::vector<DType> dtypes;
   std::vector<int> head_dims;
   bool gqa = true;           // handles Hkv < H; otherwise refuses it
@@ -77,7 +78,7 @@ struct Stage {
 void validate_problem(const Stage& s, const AttnProblem& p);
 // Non-null q/k/v/o (and the descales of e4m3 inputs), workspace large enough. Throws AttnError.
 void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t);
-// The current device's compute capability >= min_sm. Throws AttnError.
+// The current device's compute capability >= min_sm (and <= max_sm where set). Throws AttnError.
 void validate_device(const Stage& s);
 // Free device memory >= bytes, else AttnError naming `what` and the bytes it needs.
 void require_device_memory(size_t bytes, const std::string& what);
