@@ -280,11 +280,6 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const Decode
 template <typename T, int kD>
 void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
   const DecodeSplit split = decode_split(p, decode_sm_count());
-  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-      throw AttnError("05_fa2_decode: Q, K, V and O must be 16-byte aligned (16-byte copies)");
-  if (split.splits > 1 && (t.workspace == nullptr || reinterpret_cast<uintptr_t>(t.workspace) % 16 != 0))
-    throw AttnError("05_fa2_decode: the workspace must be given and 16-byte aligned");
   if (split.narrow)
     launch_decode_tile<T, kD, DecodeTileNarrow<kD>>(p, t, split, stream);
   else

@@ -84,7 +84,6 @@ inline DecodeSplit decode_split(const AttnProblem& p, int sm_count) {
   return s;
 }
 
-// The current device's SM count (132 without one, so that a CPU caller gets an answer).
 // Whether the current device has programmatic dependent launch (sm_90 on): the combine is
 // launched beside the split kernel there, after it elsewhere.
 inline bool decode_has_pdl() {
@@ -97,6 +96,7 @@ inline bool decode_has_pdl() {
   return major >= 9;
 }
 
+// The current device's SM count (132 without one, so that a CPU caller gets an answer).
 inline int decode_sm_count() {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||

@@ -271,7 +271,6 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, cudaStream_t stre
   using Cfg = Config<D, T>;
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
   configure_kernel<fa3_forward<D, T>>(Cfg::kThreads, kSmemBytes);
-  check_aligned(tensors);
 
   constexpr CUtensorMapDataType kType = tensor_map_type<T>();
   constexpr int kBytes = int(sizeof(T));

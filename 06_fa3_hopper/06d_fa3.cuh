@@ -723,7 +723,6 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule
   constexpr auto kKernel = fa3_forward<D, T, kCtaPairs>;
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
   const int ctas_per_sm = configure_kernel<kKernel>(Cfg::kThreads, kSmemBytes);
-  check_aligned(tensors);
 
   constexpr CUtensorMapDataType kType = tensor_map_type<T>();
   constexpr int kBytes = int(sizeof(T));

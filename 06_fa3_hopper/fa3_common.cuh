@@ -282,13 +282,6 @@ void set_problem(Prm& p, const AttnProblem& pr, size_t kv_elem_bytes) {
   p.causal = pr.causal;
 }
 
-// Q, K, V and O must be 16-byte aligned for TMA and the 16-byte output stores.
-inline void check_aligned(const AttnTensors& t) {
-  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.o)})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-      throw AttnError("06_fa3_hopper: Q, K, V and O must be 16-byte aligned (TMA)");
-}
-
 // The CUtensorMap element type of T.
 template <typename T>
 constexpr CUtensorMapDataType tensor_map_type() {

@@ -77,8 +77,8 @@ int configure_kernel(int threads, size_t smem_bytes) {
   static std::atomic<int> ctas_per_sm[kDevices];  // 0: not configured on that device yet
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  if (device < kDevices && ctas_per_sm[device].load(std::memory_order_relaxed) > 0)
-    return ctas_per_sm[device].load(std::memory_order_relaxed);
+  if (device < kDevices)
+    if (const int n = ctas_per_sm[device].load(std::memory_order_relaxed); n > 0) return n;
   CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
   int n = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem_bytes));

@@ -48,6 +48,12 @@ void validate_problem(const Stage& s, const AttnProblem& p) {
   }
 }
 
+namespace {
+// The kernels move tensors and workspaces in 16-byte pieces: a misaligned pointer would fault
+// (a sticky error that ends the CUDA context), so every launch refuses it first.
+bool misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
+}  // namespace
+
 void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t) {
   auto fail = [&](const std::string& why) { throw AttnError(s.name + ": " + why); };
   if (!t.q) fail("Q is a null pointer");
@@ -60,12 +66,10 @@ void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t
   size_t need = s.workspace(p);
   if (need > 0 && (!t.workspace || t.workspace_bytes < need))
     fail("needs a workspace of " + std::to_string(need) + " bytes, got " + std::to_string(t.workspace_bytes));
-  // The kernels move Q, K, V, O and their workspace in 16-byte pieces: a misaligned pointer
-  // would fault (a sticky error that ends the CUDA context), so it is refused here.
   const std::pair<const void*, const char*> aligned[] = {{t.q, "Q"}, {t.k, "K"}, {t.v, "V"}, {t.o, "O"},
                                                         {t.workspace, "the workspace"}};
   for (const auto& [ptr, name] : aligned)
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) fail(std::string(name) + " is not 16-byte aligned");
+    if (misaligned(ptr)) fail(std::string(name) + " is not 16-byte aligned");
 }
 
 void validate_device(const Stage& s) {
@@ -130,8 +134,8 @@ void validate_backward_tensors(const Stage& s, const AttnProblem& p, const AttnB
   if (need > 0 && (!t.workspace || t.workspace_bytes < need))
     fail("needs a workspace of " + std::to_string(need) + " bytes, got " + std::to_string(t.workspace_bytes));
   for (const auto& [ptr, name] : required)  // as the forward's (lse: fp32 words)
-    if (ptr != t.lse && reinterpret_cast<uintptr_t>(ptr) % 16 != 0) fail(std::string(name) + " is not 16-byte aligned");
-  if (reinterpret_cast<uintptr_t>(t.workspace) % 16 != 0) fail("the workspace is not 16-byte aligned");
+    if (ptr != t.lse && misaligned(ptr)) fail(std::string(name) + " is not 16-byte aligned");
+  if (misaligned(t.workspace)) fail("the workspace is not 16-byte aligned");
 }
 
 void run_backward(const Stage& s, const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {

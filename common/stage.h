@@ -76,7 +76,8 @@ struct Stage {
 // Checks that need no GPU: sizes >= 1, Hkv divides H, dtype and head dim supported,
 // the rung's own refuse(). Throws AttnError.
 void validate_problem(const Stage& s, const AttnProblem& p);
-// Non-null q/k/v/o (and the descales of e4m3 inputs), workspace large enough. Throws AttnError.
+// Non-null q/k/v/o (and the descales of e4m3 inputs), workspace large enough, q/k/v/o and
+// workspace 16-byte aligned. Throws AttnError.
 void validate_tensors(const Stage& s, const AttnProblem& p, const AttnTensors& t);
 // The current device's compute capability >= min_sm (and <= max_sm where set). Throws AttnError.
 void validate_device(const Stage& s);

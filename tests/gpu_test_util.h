@@ -64,4 +64,12 @@ inline void expect_matches_reference(const Stage& s, const RungOutput& out, cons
   }
 }
 
+// The stage on fresh N(0,1) inputs (`seed`; O poisoned first), its `rows` against fp64.
+inline void expect_rung_matches_fp64(const Stage& s, const AttnProblem& p, uint64_t seed,
+                                     const std::vector<RowIndex>& rows, cudaStream_t stream) {
+  SCOPED_TRACE(s.name + " " + p.describe());
+  ProblemInputs in(p, seed, Fill::normal, 0, 1, stream, true);
+  expect_matches_reference(s, run_rung(s, in, stream), in, rows, reference_rows(p, in.host, rows), stream);
+}
+
 }  // namespace attn::testing

@@ -447,11 +447,7 @@ TEST_F(Gpu, SanitizeSmallShapes) {
       p.causal = c.causal;
       p.d = s.head_dims.back();
       p.dtype = s.dtypes.front();
-      if (!runs_here(s, p)) continue;
-      SCOPED_TRACE(s.name + " " + p.describe());
-      ProblemInputs in(p, 41, Fill::normal, 0, 1, stream_, true);
-      std::vector<RowIndex> rows = all_rows(p);
-      expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
+      if (runs_here(s, p)) expect_rung_matches_fp64(s, p, 41, all_rows(p), stream_);
     }
 }
 
@@ -474,10 +470,7 @@ TEST_F(Gpu, SanitizeManyTilesPerCta) {
         p.dtype = s.dtypes.front();
         if (s.min_sm < 90 || !runs_here(s, p)) continue;  // the Hopper rungs: their CTAs may walk several tiles
         ++checked;
-        SCOPED_TRACE(s.name + " " + p.describe());
-        ProblemInputs in(p, 43, Fill::normal, 0, 1, stream_, true);
-        std::vector<RowIndex> rows = sampled_rows(p, 32);
-        expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
+        expect_rung_matches_fp64(s, p, 43, sampled_rows(p, 32), stream_);
       }
   if (checked == 0) GTEST_SKIP() << "no persistent (Hopper) rung runs here";
 }
@@ -501,10 +494,7 @@ TEST_F(Gpu, CustomScaleMatchesFp64) {
       p.scale = 2.f / std::sqrt(float(p.d));
       if (!runs_here(s, p)) continue;
       ++checked;
-      SCOPED_TRACE(s.name + " " + p.describe());
-      ProblemInputs in(p, 77, Fill::normal, 0, 1, stream_, true);
-      std::vector<RowIndex> rows = sampled_rows(p, 64);
-      expect_matches_reference(s, run_rung(s, in, stream_), in, rows, reference_rows(p, in.host, rows), stream_);
+      expect_rung_matches_fp64(s, p, 77, sampled_rows(p, 64), stream_);
     }
   if (checked == 0) GTEST_SKIP() << "no 16-bit rung runs here";
 }

@@ -20,7 +20,9 @@ from . import _capi
 _NAME = "attn_ladder::attention"
 
 
-@torch.library.custom_op(_NAME, mutates_args=(), device_types="cuda")
+# No device_types: tensors on any other device reach _capi.run, whose checks raise ValueError
+# (a CUDA-only registration made the dispatcher raise NotImplementedError first).
+@torch.library.custom_op(_NAME, mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rung: str, causal: bool, scale: float,
                fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return _capi.run(rung, q, k, v, causal=causal, scale=scale, return_lse=True, fp8=fp8)
@@ -59,9 +61,7 @@ def _no_backward_message(rung, d, fp8):
             "or run it under torch.no_grad() / on tensors that do not require grad")
 
 
-def _backward(ctx, grad_o, grad_lse):
-    if not has_backward(ctx.rung, ctx.d, ctx.fp8):
-        raise RuntimeError(_no_backward_message(ctx.rung, ctx.d, ctx.fp8))
+def _backward(ctx, grad_o, grad_lse):  # only for rungs with a backward (_save_for_backward refuses others)
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = _attention_backward(q, k, v, o, lse, grad_o.contiguous(), ctx.rung, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None, None, None
@@ -74,7 +74,7 @@ def _save_for_backward(ctx, inputs, output):
     q, k, v, rung, causal, scale, fp8 = inputs
     if not has_backward(rung, q.shape[-1], fp8):
         raise RuntimeError(_no_backward_message(rung, q.shape[-1], fp8))
-    ctx.rung, ctx.causal, ctx.scale, ctx.fp8, ctx.d = rung, causal, scale, fp8, q.shape[-1]
+    ctx.rung, ctx.causal, ctx.scale = rung, causal, scale
     ctx.mark_non_differentiable(output[1])  # lse: its gradient would be dropped
     ctx.save_for_backward(q, k, v, *output)
 
@@ -88,7 +88,7 @@ def _no_backward(ctx, *grads):  # not reached: _remember_e4m3_rung refuses first
 
 # The same on e4m3 inputs with their descales (the rung "06_fp8_e4m3"): an operator of its
 # own, so that neither schema has optional tensors.
-@torch.library.custom_op(_NAME + "_e4m3", mutates_args=(), device_types="cuda")
+@torch.library.custom_op(_NAME + "_e4m3", mutates_args=())
 def _attention_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor,
                     k_descale: torch.Tensor, v_descale: torch.Tensor, rung: str, causal: bool,
                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,8 +123,7 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
     grad, it raises RuntimeError (eagerly here, before running; under torch.compile when the
     graph is traced). Bad tensors raise ValueError. lse is returned detached.
     """
-    _capi._check_inputs(q, k, v)  # before dispatch: a CPU tensor gets ValueError, not NotImplementedError
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     # Eagerly, refuse before running. Not while Dynamo traces: the check loads the library (file
     # and ctypes calls, which it cannot trace); the operator's setup_context refuses there.
     if needs_grad and not torch.compiler.is_compiling():
