@@ -1,8 +1,9 @@
-// Rung 06d: FlashAttention-3's forward pass. 06c, plus:
+// Rung 06d: FlashAttention-3's forward pass, the last of three steps from 06c:
 //
-//   intra-warpgroup overlap   a consumer issues S_(i,j+1) = Q_i K_(j+1)ᵀ and O_i += P_ij V_j
-//                             together, then runs the softmax of S_(i,j+1) while the P V
-//                             is still on the tensor cores (overlapped_blocks):
+//   06d_1_overlap.cuh         intra-warpgroup overlap: a consumer issues S_(i,j+1) =
+//                             Q_i K_(j+1)ᵀ and O_i += P_ij V_j together, then runs the
+//                             softmax of S_(i,j+1) while the P V is still on the tensor
+//                             cores (overlapped_blocks):
 //
 //       S_i0 = Q_i K_0ᵀ; softmax                                   (block 0 alone)
 //       for j = 1 .. T_c - 1:
@@ -14,24 +15,23 @@
 //                             ptxas would hoist the P V's wait above the softmax; a
 //                             never-taken branch holds it below (hold_wait_below), and
 //                             scripts/sass_order.py checks the SASS (CTest: sass_order);
-//
-//   lazy rescaling            m_i moves only when a row's max grows by more than 8 in
-//                             log2 units (kRescaleLog2), so most blocks skip O_i *= alpha;
-//   max last (d <= 128)       blocks 1, 2, ... exponentiate against the running m_i and
-//                             take the block's max from P afterwards, only where a row sum
-//                             of P passes 2^8 (settle_speculation);
-//   persistent CTAs           one CTA per SM walks tiles (causal: from a counter), its
-//                             producer loading the next tile while the consumers finish;
-//   per head dim              ping-pong only at d <= 128 (at d = 256 the P V GEMM
-//                             dominates and forced turns only add waiting, as in FA3).
+//   06d_2_lazy_softmax.cuh    lazy rescaling: m_i moves only when a row's max grows by more
+//                             than 8 in log2 units (kRescaleLog2), so most blocks skip
+//                             O_i *= alpha; max last at d <= 128: P against the running m_i,
+//                             the block's max only where a row sum of P passes 2^8
+//                             (settle_speculation);
+//   this file: the schedule   persistent CTAs: one CTA per SM walks tiles (causal: from a
+//                             counter), its producer loading the next tile while the
+//                             consumers finish; ping-pong only at d <= 128 (at d = 256 the
+//                             P V GEMM dominates and forced turns only add waiting, as in
+//                             FA3), and the d = 256 instance (the steps have 64 and 128).
 //
 // Ablations kept as hooks: kCtaPairs (06d_cta_pairs: clusters of two CTAs share each K/V
 // block by TMA multicast), rescale_log2 = -inf (06d_eager_rescale), Schedule::
-// one_tile_per_cta (06d_one_tile_per_cta). The tile timeline marks (fa3_common.cuh: Mark)
+// one_tile_per_cta (06d_one_tile_per_cta); tile timeline marks (fa3_common.cuh: Mark)
 // compile to nothing outside bench/tile_timeline.cu.
 //
-// Included only by the generated instance files (06d_fa3.cu.in, 06d_cta_pairs.cu.in) and
-// bench/tile_timeline.cu.
+// Included only by 06d_fa3.cu.in, 06d_cta_pairs.cu.in and bench/tile_timeline.cu.
 #pragma once
 
 #include <algorithm>

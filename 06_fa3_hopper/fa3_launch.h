@@ -1,7 +1,7 @@
 // Rung 06's steps, host-side view (no device code): their tile sizes, schedules and launch
 // functions, shared by stages.cu (registration, cost model), the tests and the step kernel
-// files (06a_tma_wgmma.cuh, 06b_warp_specialized.cuh, 06c_pingpong.cuh, 06d_fa3.cuh), which
-// define the launches.
+// files (06a_tma_wgmma.cuh, 06b_warp_specialized.cuh, 06c_pingpong.cuh, 06d_1_overlap.cuh,
+// 06d_2_lazy_softmax.cuh, 06d_fa3.cuh), which define the launches.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -77,6 +77,15 @@ template <int D, typename T>
 void launch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
 }
 namespace step06c {
+template <int D, typename T>
+void launch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
+}
+// 06d in steps: 06d_1_overlap.cuh, 06d_2_lazy_softmax.cuh (one tile per CTA, as 06a-c).
+namespace step06d1 {
+template <int D, typename T>
+void launch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
+}
+namespace step06d2 {
 template <int D, typename T>
 void launch(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
 }

@@ -1,5 +1,5 @@
 // Registers rung 06's steps: 06a_tma_wgmma.cuh, 06b_warp_specialized.cuh, 06c_pingpong.cuh,
-// 06d_fa3.cuh (and its ablations) and the FP8 path (fp8_fa3.cuh; on e4m3 inputs,
+// 06d_1_overlap.cuh, 06d_2_lazy_softmax.cuh, 06d_fa3.cuh (and its ablations) and the FP8 path (fp8_fa3.cuh; on e4m3 inputs,
 // fp8_e4m3_inputs.cuh), each kernel instantiated once per (head dim, dtype) by the generated
 // instance files (CMakeLists.txt), for the head dims of the generated fa3_head_dims.h.
 #include <cuda_bf16.h>
@@ -11,6 +11,7 @@
 #include <iterator>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "06_fa3_hopper/fa3.h"
 #include "06_fa3_hopper/fa3_fp8.h"
@@ -68,15 +69,22 @@ Stage step_stage(std::string name, std::string prev, std::string summary, int (*
 
 int rows_06a(int) { return fa3::kWarpgroupRows; }
 
-// 06a-c: one tile per CTA, so that each step measures only its own idea (06a has no
-// producer to run ahead into a next tile).
-template <class Make>
+// 06a-c and 06d's steps 06d_1, 06d_2: one tile per CTA, so that each step measures only its
+// own idea (06a has no producer to run ahead into a next tile). Dims: the built head dims
+// (fa3::HeadDims; 06d's steps fa3::StepHeadDims).
+template <int... Ds>
+std::vector<int> dims_of(std::integer_sequence<int, Ds...>) {
+  return {Ds...};
+}
+
+template <class Dims = fa3::HeadDims, class Make>
 Stage one_tile_stage(std::string name, std::string prev, std::string summary, int (*rows)(int), int (*cols)(int),
                      Make make) {
   using LaunchFn = void (*)(const AttnProblem&, const AttnTensors&, cudaStream_t);
   Stage s = step_stage(std::move(name), std::move(prev), std::move(summary), rows, cols);
+  s.head_dims = dims_of(Dims{});
   s.launch = [make](const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-    instance_for<LaunchFn>(p, fa3::HeadDims{}, make)(p, t, stream);
+    instance_for<LaunchFn>(p, Dims{}, make)(p, t, stream);
   };
   return s;
 }
@@ -209,6 +217,12 @@ std::vector<Stage> fa3_stages() {
   auto launch_06c = [](auto dim, auto type) {
     return &fa3::step06c::launch<decltype(dim)::value, typename decltype(type)::type>;
   };
+  auto launch_06d1 = [](auto dim, auto type) {
+    return &fa3::step06d1::launch<decltype(dim)::value, typename decltype(type)::type>;
+  };
+  auto launch_06d2 = [](auto dim, auto type) {
+    return &fa3::step06d2::launch<decltype(dim)::value, typename decltype(type)::type>;
+  };
   return {
       one_tile_stage("06a_tma_wgmma", "05_fa2_reordered",
                      "TMA loads on mbarriers, wgmma SS (QK^T) and RS (PV); one warpgroup", rows_06a,
@@ -219,9 +233,15 @@ std::vector<Stage> fa3_stages() {
       one_tile_stage("06c_pingpong", "06b_warp_specialized",
                      "named barriers: one consumer's softmax under the other's GEMMs", fa3::block_rows,
                      fa3::block_cols, launch_06c),
-      stage_06d<persistent>(
-          "06d_fa3", "06c_pingpong",
-          "intra-warpgroup overlap: next QK^T and this PV issued together; lazy rescaling; persistent CTAs"),
+      // 06d in three steps: the overlap alone, then the shorter softmax, then the schedule.
+      one_tile_stage<fa3::StepHeadDims>("06d1_overlap", "06c_pingpong",
+                                        "intra-warpgroup overlap: next QK^T and this PV issued together",
+                                        fa3::block_rows, fa3::block_cols, launch_06d1),
+      one_tile_stage<fa3::StepHeadDims>("06d2_lazy_softmax", "06d1_overlap",
+                                        "lazy rescaling of O_i; the block's row max taken last, from P",
+                                        fa3::block_rows, fa3::block_cols, launch_06d2),
+      stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
+                            "persistent CTAs: the producer loads the next tile while the consumers finish"),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
       // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
       // the pairs' code to 06d's (kCtaPairs).

@@ -4,7 +4,7 @@
 // medians over every CTA's tiles, and, for the middle K/V block of each tile, where the
 // block's time goes (the steps of overlapped_blocks). A clock read is not a scheduling
 // fence, so the steps are named in the order the SASS has them: the wait for P V_j-1
-// follows the softmax of S_ij (06d.md; scripts/sass_order.py checks it), and the mark
+// follows the softmax of S_ij (06d1.md; scripts/sass_order.py checks it), and the mark
 // written after that wait closes one step, "softmax of S_ij, P V_j-1 lands" (cuobjdump
 // -sass build/bench/tile_timeline: the CS2R ... SR_CLOCKLO). A mark between the softmax
 // and the wait would hold the softmax there (measured: that order is another kernel), so

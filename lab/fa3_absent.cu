@@ -67,6 +67,30 @@ void keep_06c(std::integer_sequence<int, Ds...>) {
 template void keep_06c(HeadDims);
 #endif
 
+#ifndef LAB_BUILT_06d_1_overlap
+namespace step06d1 {
+template <int D, typename T>
+void launch(const AttnProblem&, const AttnTensors&, cudaStream_t) { absent("06d_1_overlap"); }
+}  // namespace step06d1
+template <int... Ds>
+void keep_06d1(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06d1::launch<Ds, __nv_bfloat16>), keep(&step06d1::launch<Ds, __half>)), ...);
+}
+template void keep_06d1(StepHeadDims);
+#endif
+
+#ifndef LAB_BUILT_06d_2_lazy_softmax
+namespace step06d2 {
+template <int D, typename T>
+void launch(const AttnProblem&, const AttnTensors&, cudaStream_t) { absent("06d_2_lazy_softmax"); }
+}  // namespace step06d2
+template <int... Ds>
+void keep_06d2(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06d2::launch<Ds, __nv_bfloat16>), keep(&step06d2::launch<Ds, __half>)), ...);
+}
+template void keep_06d2(StepHeadDims);
+#endif
+
 // 06d_fa3 and 06d_cta_pairs instantiate one template (step06d::launch): a lab builds both
 // or neither.
 #if !defined(LAB_BUILT_06d_fa3) && !defined(LAB_BUILT_06d_cta_pairs)

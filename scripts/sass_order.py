@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks in the SASS that 06d's softmax really runs under its own P V (06_fa3_hopper/06d.md).
+"""Checks in the SASS that 06d's softmax really runs under its own P V (06_fa3_hopper/06d1.md).
 
 FA3's intra-warpgroup overlap (paper §3.2): in block j a consumer warpgroup issues
 S_next = Q_i K_jᵀ and O_i += P V_(j-1), waits for S_next only, and exponentiates S_next while

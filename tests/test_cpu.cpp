@@ -616,6 +616,18 @@ TEST(Registry, Fa3StagesTakeEveryBuiltHeadDim) {
   for (const char* name : {"06a_tma_wgmma", "06b_warp_specialized", "06c_pingpong", "06d_fa3",
                            "06d_one_tile_per_cta", "06d_cta_pairs", "06d_eager_rescale"})
     EXPECT_EQ(find_stage(name).head_dims, built) << name;
+  // 06d's steps take the head dims built for them (fa3_step_head_dims), run 06d's tiles and
+  // chain 06c -> 06d1_overlap -> 06d2_lazy_softmax -> 06d_fa3.
+  const std::vector<int> steps_built(std::begin(fa3::kStepHeadDims), std::end(fa3::kStepHeadDims));
+  EXPECT_EQ(find_stage("06d1_overlap").head_dims, steps_built);
+  EXPECT_EQ(find_stage("06d2_lazy_softmax").head_dims, steps_built);
+  EXPECT_EQ(find_stage("06d1_overlap").prev, "06c_pingpong");
+  EXPECT_EQ(find_stage("06d2_lazy_softmax").prev, "06d1_overlap");
+  EXPECT_EQ(find_stage("06d_fa3").prev, "06d2_lazy_softmax");
+  for (int d : fa3::kStepHeadDims) {
+    const AttnProblem p = tiny(1000, 1000, d, false, 4, 2);
+    EXPECT_EQ(find_stage("06d1_overlap").model_hbm_bytes(p), find_stage("06d_fa3").model_hbm_bytes(p)) << d;
+  }
   // 06a's one warpgroup keeps B_c = 64 at d = 256; 06b-d's consumers take 80.
   EXPECT_EQ(fa3::block_cols_06a(256), 64);
   EXPECT_EQ(fa3::block_cols(256), 80);
