@@ -6,26 +6,6 @@
 
 namespace attn::fa2 {
 
-// Rows padded by one spare 16-byte chunk (kStride = d + 8) instead of swizzled: row r is
-// shifted by 16 r bytes, so chunk c sits in bank group (r + c) mod 8, also free of ldmatrix
-// bank conflicts. Every fragment is a lane's address plus a compile-time offset, but each
-// 128-byte piece of a global row straddles two lines of shared memory.
-//
-//   bank group (16 B):  0   1   2   3   4   5   6   7
-//             row 0:   c0  c1  c2  c3  c4  c5  c6  c7
-//             row 1:   c7  c0  c1  c2  c3  c4  c5  c6
-//             row 2:   c6  c7  c0  c1  c2  c3  c4  c5
-template <int kD>
-struct PaddedRows {
-  static constexpr int kStride = kD + 8;
-  static constexpr int kAlign = 0;      // 16-byte alignment is enough
-  static constexpr int kRowPeriod = 1;  // every row: one base plus a constant offset
-  static constexpr int offset(int row, int chunk) { return row * kStride + chunk * kChunkElems; }
-  static constexpr uint32_t frag(uint32_t lane, int rows, int k16) {
-    return lane + (rows * kStride + 2 * k16 * kChunkElems) * kElemBytes;
-  }
-};
-
 // 05's tile Cfg with padded rows.
 template <class Cfg>
 using Padded = Tile<Cfg::kD, Cfg::kBr, Cfg::kBc, Cfg::kWarps, Cfg::kStages, PaddedRows<Cfg::kD>>;

@@ -1,4 +1,4 @@
-// The ablations of 05 (stages.cu registers them): FlashAttention-2's kernel (fa2_kernel.cuh)
+// The ablations of 05 (stages.cu registers them): FlashAttention-2's kernel (05d_fa2_reordered.cuh)
 // with one of its choices undone, to measure what that choice is worth. One kernel,
 // fa2_ablation_kernel, built from 05's pieces plus the ones below; each ablation picks its
 // tile (fa2_ablation_tiles.h: AblationTileFor) and two switches:
@@ -27,7 +27,7 @@
 #pragma once
 
 #include "05_fa2_reordered/fa2_ablation_tiles.h"
-#include "05_fa2_reordered/fa2_kernel.cuh"
+#include "05_fa2_reordered/05d_fa2_reordered.cuh"
 
 namespace attn::fa2 {
 

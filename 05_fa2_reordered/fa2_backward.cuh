@@ -56,7 +56,7 @@
 #include <string>
 
 #include "05_fa2_reordered/fa2_backward.h"
-#include "05_fa2_reordered/fa2_kernel.cuh"
+#include "05_fa2_reordered/05d_fa2_reordered.cuh"
 #include "common/device_math.cuh"
 #include "common/dtype.cuh"
 

@@ -68,7 +68,7 @@ struct Bwd2dTile {
   static constexpr int kSmemBytes =
       kElemBytes * (2 * kKeys * kD_ + 2 * kStepStages * kQueries * kD_ + 2 * kQueries * kKeys) +
       int(sizeof(float)) * 2 * kStepStages * kQueries + Layout::kAlign;
-  // S_ij's warp tile as the forward's Tile, for fa2_kernel.cuh's qk_tile: 32 rows x 32 keys.
+  // S_ij's warp tile as the forward's Tile, for 05d_fa2_reordered.cuh's qk_tile: 32 rows x 32 keys.
   using Sdp = Tile<kD_, 2 * 32, 32, 2, 1>;
   static_assert(kD_ == 128, "the warp grids above are laid out for d = 128");
 };

@@ -1,4 +1,4 @@
-// Flash-decoding (Dao, Haziza, Massa, Sizov 2023) on FA2's pieces (fa2_kernel.cuh): for few
+// Flash-decoding (Dao, Haziza, Massa, Sizov 2023) on FA2's pieces (05d_fa2_reordered.cuh): for few
 // query rows, FA2's grid of (Q block, head, batch) has too few CTAs to fill the GPU, so the
 // keys are split too. Two kernels:
 //
@@ -22,7 +22,7 @@
 #include <string>
 
 #include "05_fa2_reordered/fa2_decode.h"
-#include "05_fa2_reordered/fa2_kernel.cuh"
+#include "05_fa2_reordered/05d_fa2_reordered.cuh"
 #include "common/device_math.cuh"
 
 namespace attn::fa2 {

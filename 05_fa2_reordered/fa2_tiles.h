@@ -1,4 +1,4 @@
-// Tile configurations of the FlashAttention-2 forward kernel (fa2_kernel.cuh), one per head
+// Tile configurations of the FlashAttention-2 forward kernel (05d_fa2_reordered.cuh), one per head
 // dim, the shared-memory layout of their tiles, and the launch entry point that each
 // generated translation unit instantiates. Plain constexpr arithmetic, so the CPU tests
 // check the layout the kernel runs (tests/test_cpu.cpp, Fa2Layout.*).
@@ -12,7 +12,7 @@
 
 namespace attn::fa2 {
 
-// Lazy rescaling (fa2_kernel.cuh: online_softmax): a warp rescales O_i only once some row
+// Lazy rescaling (05d_fa2_reordered.cuh: online_softmax): a warp rescales O_i only once some row
 // max has grown by more than 8 in the exponent's log2 units, so P_ij <= 2^8.
 constexpr float kRescaleLog2 = 8.f;
 
@@ -50,6 +50,26 @@ struct SwizzledRows {
   static constexpr uint32_t frag(uint32_t lane, int rows, int k16) {
     return (lane ^ uint32_t(k16 % 4 * 2 * kChunkElems * kElemBytes)) +
            (rows * kStride + k16 / 4 * 8 * kChunkElems) * kElemBytes;
+  }
+};
+
+// Rows padded by one spare 16-byte chunk (kStride = d + 8) instead of swizzled: row r is
+// shifted by 16 r bytes, so chunk c sits in bank group (r + c) mod 8, also free of ldmatrix
+// bank conflicts (step 05a reads it with 32-bit loads: row r's word w in bank (4r + w) mod 32). Every fragment is a lane's address plus a compile-time offset, but each
+// 128-byte piece of a global row straddles two lines of shared memory.
+//
+//   bank group (16 B):  0   1   2   3   4   5   6   7
+//             row 0:   c0  c1  c2  c3  c4  c5  c6  c7
+//             row 1:   c7  c0  c1  c2  c3  c4  c5  c6
+//             row 2:   c6  c7  c0  c1  c2  c3  c4  c5
+template <int kD>
+struct PaddedRows {
+  static constexpr int kStride = kD + 8;
+  static constexpr int kAlign = 0;      // 16-byte alignment is enough
+  static constexpr int kRowPeriod = 1;  // every row: one base plus a constant offset
+  static constexpr int offset(int row, int chunk) { return row * kStride + chunk * kChunkElems; }
+  static constexpr uint32_t frag(uint32_t lane, int rows, int k16) {
+    return lane + (rows * kStride + 2 * k16 * kChunkElems) * kElemBytes;
   }
 };
 
@@ -100,7 +120,7 @@ struct TileFor<128> : Tile<128, 128, 64, 4, 2> {};  // 96 KiB smem: 2 CTAs per S
 template <>
 struct TileFor<256> : Tile<256, 64, 64, 4, 1> {};  // 96 KiB smem: 2 CTAs per SM
 
-// Enqueue the forward kernel for head dim kD. Defined in fa2_kernel.cuh, instantiated per
+// Enqueue the forward kernel for head dim kD. Defined in 05d_fa2_reordered.cuh, instantiated per
 // (head dim, dtype) by the generated fa2_instance_d<d>_<dtype>.cu files.
 // rescale_log2: lazy rescaling's threshold; -inf rescales O_i after every K/V block, as FA2
 // does (the ablation 05_fa2_eager_rescale).

@@ -44,7 +44,7 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
 }
 
 // D += A B for one 16x8x16 tile: A 16x16 row-major (4 regs of 2 elements), B 16x8
-// column-major (2 regs), D 16x8 fp32 (4 regs). Fragment layouts: see fa2_kernel.cuh.
+// column-major (2 regs), D 16x8 fp32 (4 regs). Fragment layouts: see 05d_fa2_reordered.cuh.
 template <typename T>
 __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 

@@ -11,6 +11,7 @@
 #include "05_fa2_reordered/fa2_ablation_tiles.h"
 #include "05_fa2_reordered/fa2_backward.h"
 #include "05_fa2_reordered/fa2_decode.h"
+#include "05_fa2_reordered/fa2_steps.h"
 #include "common/hbm_model.h"
 
 // FA2_*_HEAD_DIMS: the head dims each stage has kernels for, generated in the build tree
@@ -79,6 +80,47 @@ void launch_fa2_stage(const AttnProblem& p, const AttnTensors& t, cudaStream_t s
   dispatch(p, Fa2Dims{}, [&](auto element, auto d) {
     fa2::launch_fa2<decltype(element), decltype(d)::value>(p, t, stream, rescale_log2);
   });
+}
+
+// A step below 05d (fa2_steps.h); Launch is StepA, StepB or StepC below.
+template <class Launch, class Dims>
+void launch_step(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
+  dispatch(p, Dims{}, [&](auto element, auto d) {
+    Launch::template run<decltype(element), decltype(d)::value>(p, t, stream);
+  });
+}
+struct StepA {
+  template <typename T, int kD>
+  static void run(const AttnProblem& p, const AttnTensors& t, cudaStream_t s) { fa2::step_a::launch_fa2<T, kD>(p, t, s); }
+  template <int kD>
+  using Tile = fa2::step_a::TileFor<kD>;
+};
+struct StepB {
+  template <typename T, int kD>
+  static void run(const AttnProblem& p, const AttnTensors& t, cudaStream_t s) { fa2::step_b::launch_fa2<T, kD>(p, t, s); }
+  template <int kD>
+  using Tile = fa2::step_b::TileFor<kD>;
+};
+struct StepC {
+  template <typename T, int kD>
+  static void run(const AttnProblem& p, const AttnTensors& t, cudaStream_t s) { fa2::step_c::launch_fa2<T, kD>(p, t, s); }
+  template <int kD>
+  using Tile = fa2::step_c::TileFor<kD>;
+};
+
+// The stage of step Launch over head dims Dims, chain-checked against `prev`: 05's record
+// (dtypes, GQA, L) with its own kernel, tiles and summary, forward only.
+template <class Launch, class Dims>
+Stage step(const Stage& fa2, const char* name, const char* prev, const char* summary) {
+  Stage s = fa2;
+  s.name = name;
+  s.prev = prev;
+  s.summary = summary;
+  s.head_dims = Dims::list();
+  s.launch = launch_step<Launch, Dims>;
+  s.refuse = refuse_tiles<Launch::template Tile, Dims>;
+  s.model_hbm_bytes = model_bytes<Launch::template Tile, Dims>;
+  return s;
 }
 
 // An ablation (fa2_ablations.cuh) over its head dims.
@@ -212,7 +254,7 @@ std::vector<Stage> fa2_stages() {
   using fa2::Ablation;
   Stage fa2;
   fa2.name = "05_fa2_reordered";
-  fa2.prev = "04_fa1_tiled";
+  fa2.prev = "05c_cp_async";
   fa2.summary = "FlashAttention-2: Q-block outer loop, O in registers, delayed normalization, mma.sync";
   fa2.min_sm = 80;
   fa2.dtypes = {DType::bf16, DType::fp16};
@@ -252,7 +294,16 @@ std::vector<Stage> fa2_stages() {
   dq_pass.prev = "05_fa2_reordered";
   dq_pass.summary = "05 whose backward sums dQ in a second pass over K/V instead of atomics (deterministic)";
   add_backward<fa2::DqMode::separate_pass>(dq_pass);
-  std::vector<Stage> stages = {fa2, no_delay, one_cta, split_kv, prefetch, eager, padded, decode_stage(fa2)};
+  // The steps that build 05 up, 04 -> 05a -> 05b -> 05c -> 05 (fa2_steps.h), before 05 in
+  // the list so that each runs before the step above it (the chain checks compare in order).
+  Stage step_a = step<StepA, HeadDims<FA2_STEP_A_HEAD_DIMS>>(
+      fa2, "05a_q_outer", "04_fa1_tiled",
+      "05 step a: Q blocks outer, warps split Q_i, O_i in registers, mma.sync; synchronous loads, padded rows");
+  Stage step_b = step<StepB, HeadDims<FA2_STEP_B_HEAD_DIMS>>(
+      fa2, "05b_ldmatrix", "05a_q_outer", "05 step b: 05a with mma fragments by ldmatrix from XOR-swizzled rows");
+  Stage step_c = step<StepC, HeadDims<FA2_STEP_C_HEAD_DIMS>>(
+      fa2, "05c_cp_async", "05b_ldmatrix", "05 step c: 05b with a cp.async ring: block j+1 loads while block j computes");
+  std::vector<Stage> stages = {step_a, step_b, step_c, fa2, no_delay, one_cta, split_kv, prefetch, eager, padded, decode_stage(fa2)};
   // The d = 128 backward without FA2's warp grids.
   Stage own_keys = fa2;
   own_keys.name = "05_fa2_bwd_warps_own_keys";
@@ -264,7 +315,8 @@ std::vector<Stage> fa2_stages() {
   own_keys.launch_backward = launch_bwd_own_keys;
   for (Stage* s : {&dq_pass, &own_keys})  // a lab build compiles no backward
     if (s->has_backward() && !s->backward_head_dims.empty()) stages.push_back(*s);
-  add_backward<fa2::DqMode::atomics>(stages.front());  // the other copies (ablations, decode) stay forward only
+  for (Stage& s : stages)  // the other copies (steps, ablations, decode) stay forward only
+    if (s.name == fa2.name) add_backward<fa2::DqMode::atomics>(s);
   return stages;
 }
 

@@ -1,38 +1,91 @@
 #!/usr/bin/env bash
-# The diff between two steps of rung 06, each a kernel file of its own:
-#   scripts/step_diff.sh 06a 06b     diff -u of 06a_tma_wgmma.cuh and 06b_warp_specialized.cuh
-#   scripts/step_diff.sh             each consecutive pair's diff stat, and this usage
-# Steps: 06a 06b 06c 06d1 06d2 06d fp8 (fp8_fa3.cuh is a copy of 06d_fa3.cuh changed for e4m3).
+# The diff between two steps of a rung built up in steps (05, 06), each a kernel file:
+#   scripts/step_diff.sh 05a 05b     diff -u of 05a_q_outer.cuh and 05b_ldmatrix.cuh
+#   scripts/step_diff.sh             changed lines (added + removed, git diff --numstat) of
+#                                    each consecutive pair of 05 and of 06, and this usage
+#   scripts/step_diff.sh --check     exits 1 if a consecutive pair changes more than $budget
+#                                    lines and is not listed in `exceptions` with its reason
 set -euo pipefail
 
-dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/../06_fa3_hopper" && pwd)"
-steps=(06a 06b 06c 06d1 06d2 06d fp8)
-usage="usage: scripts/step_diff.sh [STEP STEP]   (steps: ${steps[*]})"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+budget=300
 
-file_of() {
-  case "$1" in
-    06a) echo 06a_tma_wgmma.cuh ;;
-    06b) echo 06b_warp_specialized.cuh ;;
-    06c) echo 06c_pingpong.cuh ;;
-    06d1) echo 06d_1_overlap.cuh ;;
-    06d2) echo 06d_2_lazy_softmax.cuh ;;
-    06d) echo 06d_fa3.cuh ;;
-    fp8) echo fp8_fa3.cuh ;;
-    *) echo "step_diff.sh: unknown step '$1'" >&2; echo "$usage" >&2; exit 2 ;;
-  esac
+# ---- rung 05: its steps, in order, and their files (05_fa2_reordered/)
+steps05=(05a 05b 05c 05d)
+declare -A file05=(
+  [05a]=05a_q_outer.cuh
+  [05b]=05b_ldmatrix.cuh
+  [05c]=05c_cp_async.cuh
+  [05d]=05d_fa2_reordered.cuh
+)
+
+# ---- rung 06: its steps, in order, and their files (06_fa3_hopper/). fp8_fa3.cuh is a copy of
+# 06d_fa3.cuh changed for e4m3.
+steps06=(06a 06b 06c 06d1 06d2 06d fp8)
+declare -A file06=(
+  [06a]=06a_tma_wgmma.cuh
+  [06b]=06b_warp_specialized.cuh
+  [06c]=06c_pingpong.cuh
+  [06d1]=06d_1_overlap.cuh
+  [06d2]=06d_2_lazy_softmax.cuh
+  [06d]=06d_fa3.cuh
+  [fp8]=fp8_fa3.cuh
+)
+
+# ---- pairs allowed past the budget, "from->to" -> reason
+declare -A exceptions=(
+  [06d->fp8]="being split (issue 45)"
+)
+
+usage="usage: scripts/step_diff.sh [STEP STEP | --check]   (steps: ${steps05[*]} ${steps06[*]})"
+
+# path of a step's file, relative to the repository root
+path_of() {
+  if [[ -n "${file05[$1]:-}" ]]; then echo "05_fa2_reordered/${file05[$1]}"
+  elif [[ -n "${file06[$1]:-}" ]]; then echo "06_fa3_hopper/${file06[$1]}"
+  else echo "step_diff.sh: unknown step '$1'" >&2; echo "$usage" >&2; exit 2
+  fi
 }
 
-if [[ $# -eq 0 ]]; then
+# added + removed lines between two files
+changed() {
+  git -C "$root" diff --no-index --numstat "$1" "$2" | awk '{ n += $1 + $2 } END { print n + 0 }' || true
+}
+
+# one line per consecutive pair of the steps given; sets `over` to the pairs past the budget
+over=()
+table() {
+  local -a steps=("$@")
   for ((i = 0; i + 1 < ${#steps[@]}; ++i)); do
-    a=$(file_of "${steps[i]}") b=$(file_of "${steps[i + 1]}")
-    stat=$(cd "$dir" && diff "$a" "$b" | grep -c '^[<>]' || true)
-    printf '%s -> %s  %-26s %-26s %4s lines changed\n' "${steps[i]}" "${steps[i + 1]}" "$a" "$b" "$stat"
+    local from=${steps[i]} to=${steps[i + 1]}
+    local a b n note=""
+    a=$(path_of "$from") b=$(path_of "$to")
+    n=$(changed "$a" "$b")
+    if ((n > budget)); then
+      if [[ -n "${exceptions[$from->$to]:-}" ]]; then note="  over $budget, listed: ${exceptions[$from->$to]}"
+      else note="  OVER $budget"; over+=("$from->$to"); fi
+    fi
+    printf '%-4s -> %-4s %-40s %5s lines changed%s\n' "$from" "$to" "$(basename "$a") -> $(basename "$b")" "$n" "$note"
   done
-  echo "$usage"
+}
+
+if [[ $# -eq 0 || "${1:-}" == "--check" ]]; then
+  table "${steps05[@]}"
+  table "${steps06[@]}"
+  if [[ "${1:-}" == "--check" ]]; then
+    if ((${#over[@]})); then
+      echo "step_diff.sh --check: over the budget of $budget changed lines: ${over[*]}" >&2
+      echo "(split the step, or list the pair in 'exceptions' with its reason)" >&2
+      exit 1
+    fi
+    echo "step_diff.sh --check: every consecutive pair within $budget lines or listed"
+  else
+    echo "$usage"
+  fi
   exit 0
 fi
 [[ $# -eq 2 ]] || { echo "$usage" >&2; exit 2; }
-a=$(file_of "$1")
-b=$(file_of "$2")
-cd "$dir"
+a=$(path_of "$1")
+b=$(path_of "$2")
+cd "$root"
 diff -u "$a" "$b" || [[ $? -eq 1 ]]  # diff exits 1 when the files differ

@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 #include <type_traits>
 
 #include "05_fa2_reordered/fa2_ablation_tiles.h"
 #include "05_fa2_reordered/fa2_decode.h"
+#include "05_fa2_reordered/fa2_steps.h"
 #include "05_fa2_reordered/fa2_tiles.h"
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "06_fa3_hopper/swizzle.h"
@@ -463,6 +465,49 @@ TEST(Fa2Layout, TilesArePermutationsFreeOfBankConflicts) {
   expect_fa2_tile_layout<fa2::AblationTileFor<Ablation::prefetch, 256>>("prefetch, d = 256 (swizzled)");
   static_assert(fa2::TileFor<128>::kStride == 128 && fa2::AblationTileFor<Ablation::padded, 128>::kStride == 136,
                 "the layouts the README describes");
+  // The steps that build 05 up (fa2_steps.h).
+  expect_fa2_tile_layout<fa2::step_a::TileFor<64>>("05a, d = 64 (padded)");
+  expect_fa2_tile_layout<fa2::step_a::TileFor<128>>("05a, d = 128 (padded)");
+  expect_fa2_tile_layout<fa2::step_b::TileFor<64>>("05b, d = 64 (swizzled)");
+  expect_fa2_tile_layout<fa2::step_b::TileFor<128>>("05b, d = 128 (swizzled)");
+  expect_fa2_tile_layout<fa2::step_c::TileFor<128>>("05c, d = 128 (swizzled)");
+}
+
+// 05a reads its mma fragments with 32-bit shared loads from padded rows: lane (g, t) reads
+// the word at row g, column 2t (+ a whole 8-row group and a 16-column step), Q_i and K_j's
+// A/B fragments; V_j's B fragment reads 16-bit halves of rows 2t, 2t + 1, column g. Each
+// such warp-wide load reads at most one distinct word per bank (steps.md).
+template <class Cfg>
+void expect_step_a_conflict_free(const char* name) {
+  SCOPED_TRACE(name);
+  constexpr int kBytes = Cfg::kElemBytes;
+  for (int rows = 0; rows <= 24; rows += 8)
+    for (int cols = 0; cols < Cfg::kD; cols += 8) {
+      std::map<int, std::set<int>> words_of_bank;  // bank -> distinct words the warp reads in it
+      std::map<int, std::set<int>> v_words_of_bank[2];  // one load per row of the pair
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        const int word = ((g + rows) * Cfg::kStride + cols + 2 * t) * kBytes / 4;
+        words_of_bank[word % 32].insert(word);
+        for (int r = 0; r < 2; ++r) {  // V_j: rows 2t + r, column g
+          const int v_word = ((2 * t + r + rows) * Cfg::kStride + cols + g) * kBytes / 4;
+          v_words_of_bank[r][v_word % 32].insert(v_word);
+        }
+      }
+      for (const auto& [bank, words] : words_of_bank)
+        EXPECT_EQ(words.size(), 1u) << "Q/K loads, +" << rows << " rows, +" << cols << " cols: bank " << bank;
+      for (int r = 0; r < 2; ++r)
+        for (const auto& [bank, words] : v_words_of_bank[r])
+          EXPECT_EQ(words.size(), 1u) << "V loads, row 2t + " << r << ", +" << rows << " rows: bank " << bank;
+    }
+}
+
+TEST(Fa2Layout, Step05aPaddedRowsServe32BitFragmentLoads) {
+  expect_step_a_conflict_free<fa2::step_a::TileFor<64>>("05a, d = 64");
+  expect_step_a_conflict_free<fa2::step_a::TileFor<128>>("05a, d = 128");
+  static_assert(fa2::step_a::TileFor<128>::kStride == 136 && fa2::step_b::TileFor<128>::kStride == 128 &&
+                    fa2::step_c::TileFor<128>::kStages == 2 && fa2::step_b::TileFor<128>::kStages == 1,
+                "the layouts and buffers steps.md describes");
 }
 
 // ---------------------------------------------------------------- rung 06: tile layouts and the FP8 pre-kernel model
