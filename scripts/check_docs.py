@@ -3,7 +3,7 @@
 
 Prints each lesson's line count against its budget and fails when
   - a rung README (01-05) is over 400 lines, rung 06's lessons (every .md in 06_fa3_hopper/
-    but EXPERIMENTS.md) over 1000 together, an EXPERIMENTS.md over 200, the top README over 150;
+    but EXPERIMENTS.md) over 1030 together (1000 of text, 30 for the figures' lines), an EXPERIMENTS.md over 200, the top README over 150;
   - results/ holds more than 60 files (the reference runs only);
   - a relative link in a .md names a file that does not exist, or a `file#L<n>` link a line
     past the file's end;
@@ -18,7 +18,7 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RUNG_README_MAX = 400
-RUNG06_MAX = 1000
+RUNG06_MAX = 1030  # 1000 lines of text and three lines per figure (image, caption, blank)
 EXPERIMENTS_MAX = 200
 TOP_README_MAX = 150
 RESULTS_MAX_FILES = 60
