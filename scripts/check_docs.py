@@ -39,6 +39,7 @@ OVER_BUDGET = {
 # Lessons that do not open with the box yet, each with its reason.
 NO_BOX = {
     "05_fa2_reordered/README.md": "being rewritten in steps (issue 45); the coordinator adds the box",
+    "05_fa2_reordered/steps.md": "being rewritten in steps (issue 45); the coordinator adds the box",
 }
 BOX_KEYS = ("> **GPU:** ", "> **Run:** ", "> **Lab:** ")
 RUN_LINE = re.compile(r"`build/bench/attn_bench --rungs ([\w,]+) --check`")

@@ -1,0 +1,873 @@
+#!/usr/bin/env python3
+"""The lessons' figures, drawn from the code's own parameters and from the reference run.
+
+    python3 scripts/figures.py            # (re)draw every figure next to its lesson
+    python3 scripts/figures.py --check    # CI (CTest: figures): draw all into a temporary
+                                          # folder, and check the lessons' figure links
+
+Each figure is a function below, registered with the path it writes (<rung>/figures/*.png).
+Tile sizes, ring depths, the swizzle and the rescaling threshold are read from the headers
+(parse(), which fails loudly when a pattern moves); byte counts follow common/hbm_model.cpp;
+the measured timelines are parsed from results/<gpu>/tile_timeline.txt (bench/tile_timeline).
+No GPU is needed. --check fails when a figure does not draw, when a lesson links a
+figures/*.png that is not there, or when a committed figure is linked by no lesson (except
+those in AWAITING, each with its reason).
+"""
+
+import argparse
+import io
+import pathlib
+import re
+import sys
+import tempfile
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
+from PIL import Image  # noqa: E402  (matplotlib's own dependency)
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+REF = REPO / "results" / "nvidia_h100_80gb_hbm3"  # the reference run the lessons quote
+DPI = 110
+H100_SMEM_OPTIN = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on an H100 (227 KiB)
+H100_FLOP_PER_CYCLE = 4096  # dense bf16 FLOP per SM per cycle (06d.md)
+
+# Figures drawn here that no lesson links yet, with the reason (--check allows them).
+AWAITING = {
+    "05_fa2_reordered/figures/warps_split_rows.png": "rung 05's lessons are being split into steps",
+    "05_fa2_reordered/figures/swizzle.png": "rung 05's lessons are being split into steps",
+    "05_fa2_reordered/figures/cp_async_ring.png": "rung 05's lessons are being split into steps",
+    "05_fa2_reordered/figures/causal_order_lazy_rescale.png": "rung 05's lessons are being split into steps",
+    "05_fa2_reordered/figures/backward_gemms.png": "rung 05's lessons are being split into steps",
+}
+
+FIGURES = {}  # path relative to the repository -> drawing function(path)
+
+
+def figure(rel):
+    def register(fn):
+        FIGURES[rel] = fn
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------- parameters from the code
+
+
+def source(rel):
+    return (REPO / rel).read_text()
+
+
+def parse(rel, pattern, cast=int):
+    """The groups of `pattern`'s first match in file `rel`; fails when the code moved."""
+    m = re.search(pattern, source(rel))
+    if not m:
+        raise RuntimeError(f"{rel}: no match for {pattern!r}: update scripts/figures.py")
+    return tuple(cast(g) for g in m.groups())
+
+
+def fa2_tile(d):
+    """05's TileFor<d>: (B_r, B_c, warps, stages)."""
+    return parse("05_fa2_reordered/fa2_tiles.h",
+                 rf"struct TileFor<{d}> : Tile<{d}, (\d+), (\d+), (\d+), (\d+)>")
+
+
+def fa2_rescale_log2():
+    return parse("05_fa2_reordered/fa2_tiles.h", r"kRescaleLog2 = ([\d.]+)f;", float)[0]
+
+
+def fa2_swizzle():
+    """SwizzledRows: chunk c of row r at c ^ (r % period); returns the period."""
+    (period,) = parse("05_fa2_reordered/fa2_tiles.h", r"\(chunk \^ \(row % (\d+)\)\) \* kChunkElems")
+    return period
+
+
+def fa3_by_d(function, d):
+    """A constexpr `int function(int d)` of fa3_launch.h written as a chain of d == X ? Y : ..."""
+    (body,) = parse("06_fa3_hopper/fa3_launch.h", rf"constexpr int {function}\(int d\) \{{ return ([^;]+); \}}", str)
+    for m in re.finditer(r"d == (\d+) \? (\d+)", body):
+        if int(m.group(1)) == d:
+            return int(m.group(2))
+    return int(body.rsplit(":", 1)[1])
+
+
+def fa3_config():
+    """06b-d at d = 128: B_r per warpgroup, consumers, B_c, ring stages, setmaxnreg budgets."""
+    (rows,) = parse("06_fa3_hopper/fa3_launch.h", r"kWarpgroupRows = (\d+);")
+    (stages,) = parse("06_fa3_hopper/06d_fa3.cuh", r"kStages = (\d+);")
+    prod, cons = parse("06_fa3_hopper/06b_warp_specialized.cuh",
+                       r"kProducerRegs = (\d+);\s+static constexpr int kConsumerRegs = kConsumers == 3 \? \d+ : (\d+);")
+    return dict(d=128, wg_rows=rows, consumers=fa3_by_d("consumer_warpgroups", 128),
+                B_c=fa3_by_d("block_cols", 128), stages=stages, prod_regs=prod, cons_regs=cons)
+
+
+def fa1_blocks(d, elem_bytes=2, smem=H100_SMEM_OPTIN):
+    """04's choose_blocks (04_fa1_tiled/stages.cu) with SmemLayout's constants from fa1_tiled.cuh."""
+    rel = "04_fa1_tiled/fa1_tiled.cuh"
+    tile, skew16, skew32, align, vectors = (parse(rel, rf"{n} = (\d+);")[0] for n in
+                                            ("kTile", "kSkew16", "kSkew32", "kSmemAlign", "kRowVectors"))
+
+    def up(b):
+        return (b + align - 1) // align * align
+
+    def smem_bytes(Br, Bc):
+        ld_qkv, ld_p, ld_s = d + skew16, Bc + skew16, max(Bc, d) + skew32
+        return (2 * up(Bc * ld_qkv * elem_bytes) + up(Br * ld_qkv * elem_bytes) + up(Br * ld_p * elem_bytes)
+                + up(Br * ld_s * 4) + vectors * up(Br * 4))
+
+    M = smem // elem_bytes
+    per_block = (M + 4 * d - 1) // (4 * d)
+    Bc, Br = per_block // tile * tile, min(per_block, d) // tile * tile
+    while Br >= tile and Bc >= tile and smem_bytes(Br, Bc) > smem:
+        if Bc >= Br:
+            Bc -= tile
+        else:
+            Br -= tile
+    return Br, Bc
+
+
+# hbm_model.cpp, for one head without a mask (e = bytes per element of Q, K, V, O, P; S fp32)
+def hbm_qkvo(N, d, e=2):
+    return e * 4.0 * N * d  # Q, K, V read once and O written once (min_bytes)
+
+
+def hbm_score_pipeline(N, d, softmax_reads, e=2):
+    S = float(N) * N
+    gemms = e * (2.0 * N * d + 2.0 * N * d) + 4.0 * S + e * S  # Q, O, K, V; S written; P read
+    return gemms + 4.0 * S * softmax_reads + e * S  # softmax_bytes: S read per pass, P written
+
+
+# ---------------------------------------------------------------- the reference run's timeline
+
+
+def tile_timeline(kernel, n):
+    """Consumer warpgroups' marks of the middle K/V block, in cycles from consumer 1's
+    block_begin: consumer 1's from the step medians (summed in order), consumer 2's as
+    printed. Returns (marks1, marks2, header line)."""
+    text = (REF / "tile_timeline.txt").read_text()
+    for section in text.split("\n\n"):
+        head = section.splitlines()[0] if section.strip() else ""
+        if head.startswith(kernel) and f"N = {n} " in head:
+            steps = re.findall(r"^  (\S.*?)\s{2,}[\d.]+ us\s+\((\d+) cycles\)", section, re.M)
+            names = ["K_j ready", "the turn", "issue S_ij", "V_j-1 ready, issue P V_j-1",
+                     "S_ij = Q_i K_j^T lands", "softmax of S_ij, P V_j-1 lands", "rescale O_i, P_ij -> operand"]
+            cyc = dict(steps)
+            marks1 = np.cumsum([0] + [int(cyc[s]) for s in names])
+            marks2 = [int(v) for v in re.findall(r"^  [a-z_]+\s+(\d+)$", section, re.M)]
+            if len(marks2) != len(marks1):
+                raise RuntimeError(f"tile_timeline.txt: {kernel} N = {n}: expected {len(marks1)} marks")
+            return marks1, np.array(marks2), head
+    raise RuntimeError(f"tile_timeline.txt has no {kernel} N = {n} section")
+
+
+# ---------------------------------------------------------------- drawing helpers
+
+C_GEMM, C_SOFT, C_WAIT, C_LOAD, C_HBM, C_SMEM = "#4c72b0", "#dd8452", "#d9d9d9", "#55a868", "#c44e52", "#8172b3"
+
+
+def save(fig, path):
+    """Write the figure as a 256-colour PNG (a third of the size of full colour, the same to read)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, bbox_inches="tight", facecolor="white")
+    plt.close(fig)
+    buf.seek(0)
+    Image.open(buf).convert("RGB").quantize(colors=256).save(path, optimize=True)
+
+
+def box(ax, x, y, w, h, text="", color="white", fs=9, tc="black", **kw):
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=kw.pop("ec", "black"), lw=kw.pop("lw", 1), **kw))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fs, color=tc)
+
+
+def arrow(ax, a, b, color="black", text=None, fs=8, style="-|>", **kw):
+    ax.add_patch(FancyArrowPatch(a, b, arrowstyle=style, mutation_scale=12, color=color, lw=1.3, **kw))
+    if text:
+        ax.text((a[0] + b[0]) / 2, (a[1] + b[1]) / 2, text, fontsize=fs, color=color, ha="center", va="bottom")
+
+
+def blank(ax, xlim, ylim):
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def gantt(ax, rows, title=None, xlabel="cycles"):
+    """rows: list of (label, [(start, length, color, text)]) drawn top to bottom."""
+    for k, (label, bars) in enumerate(rows):
+        y = len(rows) - 1 - k
+        for start, length, color, text in bars:
+            ax.broken_barh([(start, length)], (y - 0.38, 0.76), facecolors=color, edgecolor="black", lw=0.6)
+            if text:
+                ax.text(start + length / 2, y, text, ha="center", va="center", fontsize=7.5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r[0] for r in reversed(rows)], fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
+
+
+# ---------------------------------------------------------------- 01, 02, 03
+
+
+@figure("01_naive/figures/hbm_bytes_vs_n.png")
+def fig_01(path):
+    d = 128
+    N = np.array([512, 1024, 2048, 4096, 8192, 16384, 32768])
+    qkvo = hbm_qkvo(N, d)
+    total = np.array([hbm_score_pipeline(n, d, softmax_reads=2) for n in N])  # 01: sum, then normalize
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ax.loglog(N, total / 1e6, "o-", color=C_HBM, label="01_naive total: S, P written and read (N² terms)")
+    ax.loglog(N, qkvo / 1e6, "s-", color=C_GEMM, label="Q, K, V read + O written (4·N·d·2 bytes)")
+    for n, t, q in zip(N, total, qkvo):
+        if n in (1024, 16384):
+            ax.annotate(f"{t / q:.0f}×", (n, np.sqrt(t * q) / 1e6), ha="center", fontsize=9)
+            ax.plot([n, n], [q / 1e6, t / 1e6], ":", color="gray")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(N)
+    ax.set_xticklabels([f"{n // 1024}k" if n >= 1024 else str(n) for n in N])
+    ax.set_xlabel("sequence length N (Nq = Nk)")
+    ax.set_ylabel("HBM bytes per head (MB)")
+    ax.set_title("01: what S and P cost in HBM, one head, d = 128, bf16 (hbm_model.cpp)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
+    save(fig, path)
+
+
+def softmax_reads(rung):
+    """How many times a rung's softmax streams S (its stages.cu: make_stage's softmax_reads)."""
+    return parse(f"{rung}/stages.cu", r"/\*softmax_reads=\*/(\d+)")[0]
+
+
+@figure("02_safe_softmax/figures/softmax_passes.png")
+def fig_02(path):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw=dict(width_ratios=[1, 1.2], wspace=0.55))
+    s = np.linspace(60, 100, 9)  # one row of large scores
+    m = s.max()
+    fp32_max = float(np.finfo(np.float32).max)
+    with np.errstate(over="ignore"):
+        naive = np.exp(s.astype(np.float32))
+    finite = np.isfinite(naive)
+    a.semilogy(s[finite], naive[finite], "o-", color=C_HBM, label="e^s (01): inf past s = %.1f" % np.log(fp32_max))
+    a.plot(s[~finite], np.full((~finite).sum(), 1e40), "x", color=C_HBM, ms=9, label="inf → P = inf/inf = NaN")
+    a.semilogy(s, np.exp(s - m), "o-", color=C_LOAD, label="e^(s − m) (02): ≤ 1, m = row max")
+    a.axhline(fp32_max, color="black", ls="--", lw=0.8)
+    a.text(60, fp32_max * 8, "largest fp32 ≈ 3.4e38 (bf16 alike)", fontsize=8)
+    a.set_ylim(1e-20, 1e44)
+    a.set_xlabel("score s (one row)")
+    a.set_title("why subtract the max", fontsize=10)
+    a.legend(fontsize=7.5, loc="center", bbox_to_anchor=(0.55, 0.45))
+    # HBM bytes per pass for one head at N = 4096: softmax_bytes (hbm_model.cpp)
+    N, e = 4096, 2
+    S = float(N) * N
+    reads02, reads01 = softmax_reads("02_safe_softmax"), softmax_reads("01_naive")
+    names = ["m = rowmax S", "ℓ = Σ e^(S − m)", "P = e^(S − m) / ℓ"][-reads02:]
+    passes = [(f"pass {k + 1}: {n}", 4 * S, e * S if k == reads02 - 1 else 0) for k, n in enumerate(names)]
+    y = np.arange(len(passes))[::-1]
+    b.barh(y, [p[1] / 1e6 for p in passes], color=C_SMEM, label="read S (fp32)")
+    b.barh(y, [p[2] / 1e6 for p in passes], left=[p[1] / 1e6 for p in passes], color=C_HBM, label="write P (bf16)")
+    b.set_yticks(y)
+    b.set_yticklabels([p[0] for p in passes], fontsize=9)
+    tot02 = sum(p[1] + p[2] for p in passes)
+    tot01 = reads01 * 4 * S + e * S
+    b.set_xlabel("HBM MB per head, N = 4096 (softmax_bytes, hbm_model.cpp)")
+    b.set_title(f"02's softmax: {reads02} passes over S, {tot02 / 1e6:.0f} MB\n(01: {reads01} passes, {tot01 / 1e6:.0f} MB)",
+                fontsize=10)
+    b.legend(fontsize=8, loc="lower right")
+    b.set_xlim(0, 130)
+    save(fig, path)
+
+
+@figure("03_online_softmax/figures/online_merge.png")
+def fig_03(path):
+    rng = np.random.default_rng(3)
+    s_a = rng.normal(0.0, 0.6, 8)  # block a: keys 0..7
+    s_b = rng.normal(0.9, 0.6, 8)  # block b: keys 8..15, larger scores
+    v = rng.normal(0, 1, 16)       # one column of V
+    m_a, m_b = s_a.max(), s_b.max()
+    p_a, p_b = np.exp(s_a - m_a), np.exp(s_b - m_b)
+    l_a, l_b = p_a.sum(), p_b.sum()
+    o_a, o_b = p_a @ v[:8], p_b @ v[8:]
+    m = max(m_a, m_b)
+    w_a, w_b = np.exp(m_a - m), np.exp(m_b - m)
+    merged = np.concatenate([w_a * p_a, w_b * p_b])
+    full = np.exp(np.concatenate([s_a, s_b]) - m)
+    assert np.allclose(merged, full)
+    keys = np.arange(16)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), gridspec_kw=dict(wspace=0.3))
+    ax = axes[0]
+    ax.bar(keys[:8], s_a, color=C_GEMM)
+    ax.bar(keys[8:], s_b, color=C_SOFT)
+    ax.hlines([m_a], -0.5, 7.5, color=C_GEMM, ls="--")
+    ax.hlines([m_b], 7.5, 15.5, color=C_SOFT, ls="--")
+    ax.text(3.5, m_a + 0.15, f"m_a = {m_a:.2f}", ha="center", fontsize=8, color=C_GEMM)
+    ax.text(11.5, m_b + 0.15, f"m_b = {m_b:.2f}", ha="center", fontsize=8, color=C_SOFT)
+    ax.set_title("scores of one row: block a, block b", fontsize=10)
+    ax.set_xlabel("key")
+    ax.set_ylim(min(s_a.min(), s_b.min()) - 0.3, m_b + 0.8)
+    ax = axes[1]
+    ax.bar(keys[:8], p_a, color=C_GEMM)
+    ax.bar(keys[8:], p_b, color=C_SOFT)
+    ax.set_title("each block alone: e^(s − own max)", fontsize=10)
+    ax.text(3.5, 1.08, f"ℓ_a = {l_a:.2f}\nO_a = {o_a:.2f}", ha="center", fontsize=8, color=C_GEMM)
+    ax.text(11.5, 1.08, f"ℓ_b = {l_b:.2f}\nO_b = {o_b:.2f}", ha="center", fontsize=8, color=C_SOFT)
+    ax.set_ylim(0, 1.35)
+    ax.set_xlabel("key")
+    ax = axes[2]
+    ax.bar(keys[:8], w_a * p_a, color=C_GEMM)
+    ax.bar(keys[8:], w_b * p_b, color=C_SOFT)
+    ax.plot(keys, full, "k.", label="e^(s − m) of the whole row")
+    ax.set_title(f"merged: (m_a, ℓ_a, O_a) ⊕ (m_b, ℓ_b, O_b)\nblock a × e^(m_a − m) = {w_a:.2f}, block b × e^(m_b − m) = {w_b:.2f}", fontsize=9.5)
+    fig.text(0.5, -0.1, f"m = max(m_a, m_b) = {m:.2f};   ℓ = e^(m_a−m)·ℓ_a + e^(m_b−m)·ℓ_b = {w_a:.2f}·{l_a:.2f} + {w_b:.2f}·{l_b:.2f}\n"
+            f"O = e^(m_a−m)·O_a + e^(m_b−m)·O_b;   O / ℓ = {(w_a * o_a + w_b * o_b) / (w_a * l_a + w_b * l_b):.3f}, the softmax of the whole row "
+             f"times V (O: one column of V, drawn at random)", ha="center", va="top", fontsize=9)
+    ax.set_ylim(0, 1.35)
+    ax.legend(fontsize=7.5, loc="upper right")
+    ax.set_xlabel("key")
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- 04 vs 05: who owns which tile
+
+
+@figure("04_fa1_tiled/figures/loop_order_04_vs_05.png")
+def fig_04(path):
+    d = 128
+    Br4, Bc4 = fa1_blocks(d)
+    Br5, Bc5, warps, _ = fa2_tile(d)
+    N = int(np.lcm.reduce([Br4, Bc4, Br5, Bc5]))  # whole blocks in both
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 5.2))
+    for ax, Br, Bc, title in ((a, Br4, Bc4, f"04 (FA1): one CTA per (b, h); K/V blocks outer\nB_r = {Br4}, B_c = {Bc4} (choose_blocks, 227 KiB smem)"),
+                              (b, Br5, Bc5, f"05 (FA2): one CTA per (Q block, b, h); Q block outer\nB_r = {Br5}, B_c = {Bc5}, {warps} warps split the rows (TileFor<{d}>)")):
+        Tr, Tc = -(-N // Br), -(-N // Bc)
+        W, H = 8.0, 8.0  # drawing size of the N x N score matrix
+        cw, rh = W * Bc / N, H * Br / N
+        cmap = plt.get_cmap("tab10")
+        for i in range(Tr):
+            for j in range(Tc):
+                x, y = j * cw, H - (i + 1) * rh
+                w, h = min(cw, W - x), rh if (i + 1) * Br <= N else H - i * rh
+                y = H - i * rh - h
+                if ax is a:
+                    step, color = j * Tr + i + 1, "#e8eef8"
+                else:
+                    step, color = j + 1, matplotlib.colors.to_rgba(cmap(i % 10), 0.35)
+                box(ax, x, y, w, h, str(step), color=color, fs=7 if Tc > 10 else 8)
+        ax.text(W / 2, H + 0.25, f"N = {N} keys (K_j, V_j): T_c = {Tc} blocks of B_c", ha="center", fontsize=9)
+        ax.text(-0.3, H / 2, f"N queries (Q_i): T_r = {Tr} blocks of B_r", rotation=90, ha="center", va="center", fontsize=9)
+        ax.set_title(title, fontsize=10)
+        blank(ax, (-0.8, W + 3.2), (-2.2, H + 0.8))
+        if ax is a:
+            arrow(ax, (0.2, -0.3), (W - 0.2, -0.3))
+            ax.text(W / 2, -0.4, "outer: j (K_j, V_j loaded once)", ha="center", va="top", fontsize=8.5)
+            arrow(ax, (W + 0.3, H - 0.2), (W + 0.3, 0.2))
+            ax.text(W + 0.5, H / 2, "inner: i\neach step reads Q_i,\nO_i, ℓ_i, m_i from HBM\nand writes O_i, ℓ_i, m_i\nback",
+                    fontsize=8.5, va="center", color=C_HBM)
+            ax.text(W / 2, -1.9, "numbers: the order of the steps, all in ONE CTA\n"
+                    "(B·H CTAs in all: a (b, h) per SM at most)", ha="center", fontsize=8.5)
+        else:
+            arrow(ax, (0.2, -0.3), (W - 0.2, -0.3))
+            ax.text(W / 2, -0.4, "inner: j (K_j, V_j streamed through shared memory)", ha="center", va="top", fontsize=8.5)
+            ax.text(W + 0.3, H / 2, "one colour = one CTA,\nall rows in parallel;\nO_i, ℓ_i, m_i stay in\nregisters, written once\n\n"
+                    f"T_r × B·H = {Tr} × B·H CTAs", fontsize=8.5, va="center", color=C_GEMM)
+            ax.text(W / 2, -1.9, "numbers: the step j inside each CTA", ha="center", fontsize=8.5)
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- 05
+
+
+@figure("05_fa2_reordered/figures/warps_split_rows.png")
+def fig_05_warps(path):
+    d = 128
+    Br, Bc, warps, _ = fa2_tile(d)
+    rows = Br // warps
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    sc = 4.0 / Br  # drawing units per row
+    cmap = plt.get_cmap("tab10")
+    x = 0
+    for name, width in ((f"Q_i  [{Br} × d]", d), (f"S_ij, P_ij  [{Br} × B_c]", Bc), (f"O_i  [{Br} × d]", d)):
+        w = width * sc
+        for k in range(warps):
+            box(ax, x, 4 - (k + 1) * rows * sc, w, rows * sc, f"warp {k}\nrows {k * rows}..{(k + 1) * rows - 1}",
+                color=matplotlib.colors.to_rgba(cmap(k), 0.35), fs=8)
+        ax.text(x + w / 2, 4.2, name, ha="center", fontsize=9)
+        x += w + 0.9
+    kx = x + 0.3
+    box(ax, kx, 2.2, d * sc, Bc * sc * 0.6, f"K_j  [B_c = {Bc} × d]\nshared memory", color="#eeeeee", fs=8)
+    box(ax, kx, 0.0, d * sc, Bc * sc * 0.6, f"V_j  [B_c × d]\nshared memory", color="#eeeeee", fs=8)
+    ax.text(kx + d * sc / 2, 4.2, "read by every warp", ha="center", fontsize=9)
+    ax.set_title(f"05 (TileFor<{d}>): {warps} warps split the B_r = {Br} rows; each warp's S, P and O rows stay in "
+                 "its registers, and each reads all of K_j, V_j", fontsize=10)
+    blank(ax, (-0.2, kx + d * sc + 0.3), (-0.2, 4.5))
+    save(fig, path)
+
+
+@figure("05_fa2_reordered/figures/swizzle.png")
+def fig_05_swizzle(path):
+    period = fa2_swizzle()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    cmap = plt.get_cmap("tab10")
+    for ax, swz in ((axes[0], False), (axes[1], True)):
+        hit = []
+        for r in range(period):
+            for c in range(8):  # chunk c of row r stored at bank group c ^ (r % 8)
+                g = (c ^ (r % period)) if swz else c
+                read = c == 0
+                box(ax, g, period - 1 - r, 1, 1, f"c{c}", color=matplotlib.colors.to_rgba(cmap(r % 10), 0.85 if read else 0.12),
+                    fs=8, tc="white" if read else "black", lw=2 if read else 0.5)
+                if read:
+                    hit.append(g)
+            ax.text(-0.3, period - 0.5 - r, f"row {r}", ha="right", va="center", fontsize=8)
+        for g in range(8):
+            ax.text(g + 0.5, period + 0.2, str(g), ha="center", fontsize=8)
+        ax.text(4, period + 0.8, "bank group (16 bytes = 4 banks)", ha="center", fontsize=8.5)
+        groups = len(set(hit))
+        ax.set_title(("swizzled: chunk c of row r at c ^ (r % 8)" if swz else "unswizzled: chunk c at c") +
+                     f"\nldmatrix reads chunk 0 of 8 rows: {groups} bank group{'s' if groups > 1 else ''}, "
+                     + ("no conflict" if groups == 8 else f"{8 // groups}-way conflict"), fontsize=10)
+        blank(ax, (-1.3, 8.2), (-0.2, period + 1.6))
+    fig.suptitle("SwizzledRows (fa2_tiles.h), one 128-byte line per 8 chunks of 16 bytes (8 bf16): where row r's chunks sit",
+                 fontsize=10, y=1.04)
+    save(fig, path)
+
+
+@figure("05_fa2_reordered/figures/cp_async_ring.png")
+def fig_05_ring(path):
+    """05's two load schedules (README 3.4) in schematic time units: a K or V copy takes 0.5,
+    S = Q K_jᵀ 0.5, softmax and P V together 1.1."""
+    copy, gemm_s, rest, blocks = 0.5, 0.5, 1.1, 4
+    fig, axes = plt.subplots(2, 1, figsize=(10, 4.4), gridspec_kw=dict(hspace=0.7))
+    for ax, d in zip(axes, (128, 256)):
+        _, _, _, stages = fa2_tile(d)
+        loads, comp = [], []
+        if stages >= 2:  # wait K_j, V_j | sync | issue K_j+1, V_j+1 -> other buffer | S | softmax | PV
+            ready = 2 * copy  # K_0, V_0 issued at 0
+            loads.append((0, 2 * copy, C_LOAD, "K,V 0 → buf 0"))
+            t = 0.0
+            for j in range(blocks):
+                t = max(t, ready)
+                if j + 1 < blocks:
+                    loads.append((t, 2 * copy, C_LOAD, f"K,V {j + 1} → buf {(j + 1) % stages}"))
+                    ready = t + 2 * copy
+                comp.append((t, gemm_s + rest, C_GEMM, f"j = {j}: S, softmax, PV"))
+                t += gemm_s + rest
+            title = f"d = {d}: kStages = {stages}, a ring: block j + 1 copies into the other buffer while block j computes"
+        else:  # wait K_j | sync | issue V_j | S | wait V_j | sync | issue K_j+1 | softmax | PV
+            k_ready = copy
+            loads.append((0, copy, C_LOAD, "K_0"))
+            t = 0.0
+            for j in range(blocks):
+                t = max(t, k_ready)
+                loads.append((t, copy, C_LOAD, f"V_{j}"))
+                v_ready = t + copy
+                comp.append((t, gemm_s, C_GEMM, f"S_{j}"))
+                t = max(t + gemm_s, v_ready)
+                if j + 1 < blocks:
+                    loads.append((t, copy, C_LOAD, f"K_{j + 1}"))
+                    k_ready = t + copy
+                comp.append((t, rest, C_SOFT, f"softmax, PV"))
+                t += rest
+            title = f"d = {d}: kStages = {stages} (FA2's split schedule): V_j copies under S, K_j+1 under the softmax and P V"
+        gantt(ax, [("cp.async in flight", loads), ("warps compute", comp)], xlabel="time (schematic)")
+        ax.set_xticks([])
+        ax.set_title(title, fontsize=9.5)
+        ax.set_xlim(0, 7.6)
+    fig.suptitle("05's load schedules (stages from TileFor<d> in fa2_tiles.h)", fontsize=10, y=1.0)
+    save(fig, path)
+
+
+def lpt_schedule(costs, order, sms):
+    """Greedy list schedule: each unit (in `order`) starts on the SM free earliest."""
+    free = np.zeros(sms)
+    placed = []
+    for u in order:
+        s = int(np.argmin(free))
+        placed.append((s, free[s], costs[u], u))
+        free[s] += costs[u]
+    return placed, free.max()
+
+
+def tile_at(m_blocks, heads, heads_per_section, unit):
+    """common/tile_order.h: tile_at."""
+    per_section = heads_per_section * m_blocks
+    section = unit // per_section
+    first = section * heads_per_section
+    here = min(heads - first, heads_per_section)
+    r = unit - section * per_section
+    return first + r % here, m_blocks - 1 - r // here
+
+
+@figure("05_fa2_reordered/figures/causal_order_lazy_rescale.png")
+def fig_05_causal_lazy(path):
+    m_blocks, heads, sms, per_section = 8, 3, 5, 3
+    costs = {(h, m): m + 1 for h in range(heads) for m in range(m_blocks)}  # Q block m sees m + 1 K/V blocks
+    naive = [(h, m) for h in range(heads) for m in range(m_blocks)]
+    lpt = [tile_at(m_blocks, heads, per_section, u) for u in range(heads * m_blocks)]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), gridspec_kw=dict(width_ratios=[1, 1, 1.25]))
+    cmap = plt.get_cmap("tab10")
+    for ax, order, title in ((axes[0], naive, "Q block 0 first, head after head"),
+                             (axes[1], lpt, "longest first (tile_at, common/tile_order.h)")):
+        placed, span = lpt_schedule(costs, order, sms)
+        for s, t, c, (h, m) in placed:
+            ax.broken_barh([(t, c)], (s - 0.4, 0.8), facecolors=matplotlib.colors.to_rgba(cmap(h), 0.3 + 0.7 * m / m_blocks),
+                           edgecolor="black", lw=0.5)
+            ax.text(t + c / 2, s, f"{m}", ha="center", va="center", fontsize=7)
+        ax.axvline(span, color=C_HBM, ls="--")
+        ax.set_title(f"{title}\nlast SM done at {span:.0f} (ideal {sum(costs.values()) / sms:.1f})", fontsize=9.5)
+        ax.set_xlabel("K/V blocks of work")
+        ax.set_yticks(range(sms))
+        ax.set_yticklabels([f"SM {s}" for s in range(sms)], fontsize=8)
+    fig.text(0.33, -0.04, f"causal mask: Q block m (the label) sees m + 1 K/V blocks; {heads} heads (colours), {sms} SMs, "
+             "each SM takes the next tile when it is free", ha="center", fontsize=8.5)
+    # lazy rescaling on one row of scores
+    thr = fa2_rescale_log2()
+    Bc = fa2_tile(128)[1]
+    rng = np.random.default_rng(0)
+    n_keys = 64 * Bc
+    log2e = 1.0 / np.log(2)
+    ax = axes[2]
+    for label, s, color in (("N(0,1) scores", rng.normal(0, 1, n_keys) * log2e, C_GEMM),
+                            ("scores climbing along the keys", (rng.normal(0, 1, n_keys) + np.linspace(0, 12, n_keys)) * log2e, C_SOFT)):
+        block_max = np.maximum.accumulate(s.reshape(-1, Bc).max(axis=1))
+        eager = int(np.sum(np.diff(block_max) > 0))  # O_i rescaled whenever the max grows
+        ref, lazy, refs = block_max[0], 0, []
+        for mx in block_max:
+            if mx - ref > thr:
+                ref, lazy = mx, lazy + 1
+            refs.append(ref)
+        jj = np.arange(len(block_max))
+        ax.plot(jj, block_max, color=color, label=f"{label}: running max")
+        ax.step(jj, refs, where="post", color=color, ls="--", lw=1,
+                label=f"m used: rescales {lazy} (lazy) vs {eager} (max grew) of {len(jj) - 1}")
+    ax.set_xlabel(f"K/V block j (B_c = {Bc})")
+    ax.set_ylabel("row max (log2 units)")
+    ax.set_title(f"lazy rescaling: O_i *= α only when the max grows > {thr:g}", fontsize=9.5)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save(fig, path)
+
+
+@figure("05_fa2_reordered/figures/backward_gemms.png")
+def fig_05_backward(path):
+    src = source("05_fa2_reordered/fa2_backward.cuh")
+    for name in ("rowsum(dO", "dS"):
+        if name not in src:
+            raise RuntimeError(f"fa2_backward.cuh no longer mentions {name}: update scripts/figures.py")
+    fig, ax = plt.subplots(figsize=(10.5, 4.6))
+    blank(ax, (0, 21.5), (-0.3, 9.2))
+    inp = dict(color="#eeeeee", fs=9)
+    box(ax, 0.2, 7.2, 2.2, 1, "Q_i, K_j", **inp)
+    box(ax, 0.2, 5.2, 2.2, 1, "L_i (lse)", **inp)
+    box(ax, 0.2, 3.2, 2.2, 1, "dO_i, V_j", **inp)
+    box(ax, 0.2, 0.6, 2.2, 1, "dO_i, O_i", **inp)
+    box(ax, 4, 0.4, 4.2, 1.4, "pre-pass:\nD_i = rowsum(dO_i ∘ O_i)", color="#f3d9a4", fs=8)
+    box(ax, 4, 7.0, 4.2, 1.4, "① S_ij = Q_i K_jᵀ\nP_ij = exp(S_ij − L_i)", color=C_GEMM, tc="white")
+    box(ax, 4, 3.0, 4.2, 1.4, "③ dP_ij = dO_i V_jᵀ", color=C_GEMM, tc="white")
+    box(ax, 10, 5.0, 4.6, 1.4, "dS_ij = P_ij ∘ (dP_ij − D_i)", color=C_SOFT)
+    box(ax, 10, 7.0, 4.6, 1.4, "② dV_j += P_ijᵀ dO_i", color=C_GEMM, tc="white")
+    box(ax, 16.3, 6.0, 4.4, 1.4, "④ dK_j += dS_ijᵀ Q_i", color=C_GEMM, tc="white")
+    box(ax, 16.3, 3.6, 4.4, 1.4, "⑤ dQ_i += dS_ij K_j", color=C_GEMM, tc="white")
+    arrow(ax, (2.4, 7.7), (4, 7.7))
+    arrow(ax, (2.4, 5.7), (4.3, 7.0))
+    arrow(ax, (2.4, 3.7), (4, 3.7))
+    arrow(ax, (2.4, 1.1), (4, 1.1))
+    arrow(ax, (8.2, 7.7), (10, 7.7), text="P")
+    arrow(ax, (8.2, 7.3), (10.3, 6.4), text="P")
+    arrow(ax, (8.2, 3.7), (10.3, 5.0), text="dP")
+    arrow(ax, (8.2, 1.1), (12.3, 5.0), color=C_HBM)
+    arrow(ax, (14.6, 5.9), (16.3, 6.6), text="dS")
+    arrow(ax, (14.6, 5.5), (16.3, 4.4), text="dS")
+    ax.text(9.6, 1.3, "D_i (one number per row) = Σ_k P_ik dP_ik = rowsum(dO_i ∘ O_i):\nthe softmax's Jacobian, computed once per row\n"
+            "from O, so no pass over all keys is needed", fontsize=8.5, color=C_HBM, va="top")
+    ax.text(16.3, 9.0, "one CTA per (K/V block, head):\ndK_j, dV_j in registers over all i;\ndQ_i summed across CTAs", fontsize=8.5, va="top")
+    ax.set_title("05's backward (fa2_backward.cuh): five GEMMs (blue) per (i, j) block pair, and where D enters", fontsize=10)
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- 06: schematics
+
+
+@figure("06_fa3_hopper/figures/producer_consumer_ring.png")
+def fig_06_ring(path):
+    c = fa3_config()
+    fig, ax = plt.subplots(figsize=(11, 5))
+    ax.set_xlim(0, 24)
+    ax.set_ylim(-0.6, 10)
+    ax.axis("off")
+    box(ax, 0.3, 3.2, 5.0, 3.8, f"producer warpgroup\n(setmaxnreg.dec {c['prod_regs']})\n\nwarp 0, lane 0 issues\n"
+        f"every TMA copy:\nQ_i, then K_j, V_j\ninto stage j mod {c['stages']}", color="#e4f1e6", fs=8.5)
+    rx, rw = 8.2, 4.4
+    slot_y = []
+    for s in range(c["stages"]):
+        y = 6.6 - s * 3.6
+        slot_y.append(y)
+        box(ax, rx, y, rw, 0.9, f"K stage {s}: [B_c = {c['B_c']}] × d", color="#eeeeee", fs=8)
+        box(ax, rx, y - 1.0, rw, 0.9, f"V stage {s}: [B_c] × d", color="#eeeeee", fs=8)
+        ax.text(rx + rw / 2, y + 1.05, f"mbarriers full[{s}], empty[{s}]", ha="center", fontsize=7.5, color=C_HBM)
+    ax.text(rx + rw / 2, 9.3, f"shared memory: a ring of {c['stages']} stages", ha="center", fontsize=9)
+    cons_y = []
+    for k in range(c["consumers"]):
+        y = 6.2 - k * 3.6
+        cons_y.append(y)
+        box(ax, 15.2, y, 8.5, 2.3, f"consumer warpgroup {k + 1} (setmaxnreg.inc {c['cons_regs']})\n"
+            f"query rows {k * c['wg_rows']}..{(k + 1) * c['wg_rows'] - 1} of Q_i\n"
+            "S = Q_i K_jᵀ (wgmma SS), softmax,\nO_i += P V_j (wgmma RS, P in registers)", color="#e6ecf6", fs=8)
+    for y in slot_y:
+        arrow(ax, (5.3, 5.1), (rx, y + 0.45), color=C_LOAD)
+    ax.text(6.7, 7.6, "TMA copy;\nbytes land on full[s]", fontsize=7.5, color=C_LOAD, ha="center")
+    for y in slot_y:  # every consumer reads every stage: its rows of Q_i against all of K_j, V_j
+        for cy in cons_y:
+            arrow(ax, (rx + rw, y), (15.2, cy + 1.15), color=C_GEMM)
+    ax.text(13.9, 8.2, "wait full[s]; every\nconsumer's wgmma\nreads the stage", fontsize=7.5, color=C_GEMM, ha="center")
+    arrow(ax, (19.4, cons_y[-1]), (2.8, 3.2), color=C_HBM, connectionstyle="arc3,rad=-0.25")
+    ax.text(11, -0.5, "each consumer warp arrives on empty[s] once its GEMM has read the stage; "
+            "the producer waits on empty[s] before it refills it", fontsize=8, color=C_HBM, ha="center")
+    ax.set_title(f"06b–06d at d = {c['d']}: one producer warpgroup, {c['consumers']} consumer warpgroups "
+                 f"(B_r = {c['consumers']} × {c['wg_rows']}), a {c['stages']}-stage K/V ring guarded by mbarriers", fontsize=10)
+    save(fig, path)
+
+
+def event_sim(consumers, blocks, gemm, soft, turns):
+    """A two-resource model of 06a-06c: the tensor cores run one warpgroup's GEMM at a time, in
+    the order requested; each warpgroup runs, per block, S GEMM -> softmax -> P V GEMM -> next
+    block. With `turns` a warpgroup issues its S GEMM only while it holds the turn, which it
+    passes on at the issue (06c's ping-pong)."""
+    tc_free, turn = 0.0, 0
+    req = [(0.0, "S")] * consumers  # each warpgroup's next request: (time, GEMM)
+    done = [0] * consumers
+    bars = {w: [] for w in range(consumers)}
+    tc = []
+    while min(done) < blocks:
+        eligible = [w for w in range(consumers) if done[w] < blocks and (not turns or req[w][1] == "PV" or w == turn)]
+        w = min(eligible, key=lambda w: (req[w][0], w))
+        t, kind = req[w]
+        start = max(t, tc_free)
+        if start > t:
+            bars[w].append((t, start - t, C_WAIT, ""))
+        bars[w].append((start, gemm, C_GEMM, kind))
+        tc.append((start, gemm, w))
+        tc_free = start + gemm
+        if kind == "S":
+            bars[w].append((tc_free, soft, C_SOFT, "softmax"))
+            req[w] = (tc_free + soft, "PV")
+            turn = (w + 1) % consumers
+        else:
+            req[w] = (tc_free, "S")
+            done[w] += 1
+    return bars, tc, max(r[0] for r in req)
+
+
+def step_durations():
+    """GEMM cycles of one warpgroup's S or P V at d = 128 (FLOPs at the SM's dense rate) and
+    the softmax's cycles as 06d measured them (tile_timeline: softmax + rescale steps)."""
+    c = fa3_config()
+    gemm = 2.0 * c["wg_rows"] * c["B_c"] * c["d"] / H100_FLOP_PER_CYCLE
+    m1, _, _ = tile_timeline("06d", 4096)
+    soft = float(m1[6] - m1[5] + m1[7] - m1[6])
+    return c, gemm, soft
+
+
+def schematic_timeline(path, consumers, turns, title, note):
+    c, gemm, soft = step_durations()
+    blocks = 4
+    if consumers == 1:
+        bars, tc, end = event_sim(1, blocks, gemm, soft, turns=False)
+    else:
+        bars, tc, end = event_sim(consumers, blocks, gemm, soft, turns)
+    cmap = plt.get_cmap("tab10")
+    rows = [(f"consumer WG {w + 1}" if consumers > 1 else "the warpgroup", bars[w]) for w in range(consumers)]
+    rows.append(("tensor cores", [(s, g, matplotlib.colors.to_rgba(cmap(w), 0.6), f"WG{w + 1}") for s, g, w in tc]))
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.55 * len(rows)))
+    gantt(ax, rows)
+    busy = sum(g for _, g, _ in tc) / end
+    ax.set_title(f"{title}: tensor cores busy {100 * busy:.0f} % of the time", fontsize=10)
+    ax.annotate(note + f"\nGEMM = 2·64·{c['B_c']}·{c['d']} FLOP at {H100_FLOP_PER_CYCLE} FLOP/cycle ≈ {gemm:.0f} cycles; "
+            f"softmax ≈ {soft:.0f} cycles (06d's, measured: tile_timeline.txt). Grey: waiting.", xy=(0, 0),
+                xycoords="axes fraction", xytext=(0, -36), textcoords="offset points", fontsize=8, va="top")
+    save(fig, path)
+
+
+@figure("06_fa3_hopper/figures/06a_timeline.png")
+def fig_06a(path):
+    schematic_timeline(path, 1, False, "06a: one warpgroup, in order (a model)",
+                       "Load, S, softmax, P V, wait: the tensor cores idle during every softmax.")
+
+
+@figure("06_fa3_hopper/figures/06b_timeline.png")
+def fig_06b(path):
+    c = fa3_config()
+    schematic_timeline(path, c["consumers"], False, f"06b: {c['consumers']} consumer warpgroups, no turns (a model)",
+                       "Both start together; WG 2's first S waits for WG 1's, and from then on one's softmax runs under the other's GEMMs.")
+
+
+@figure("06_fa3_hopper/figures/06c_timeline.png")
+def fig_06c(path):
+    c = fa3_config()
+    schematic_timeline(path, c["consumers"], True, f"06c: {c['consumers']} consumers take turns issuing S (a model)",
+                       "The turn orders the S GEMMs WG 1, WG 2, WG 1, ...: the schedule 06b fell into by itself (06c.md).")
+
+
+# ---------------------------------------------------------------- 06d and FP8: measured
+
+
+MEASURED_STEPS = [("K_j ready", C_WAIT), ("turn", "#999999"), ("issue S", C_GEMM), ("V_j−1 ready, issue P V", "#7f9fd0"),
+                  ("S lands", "#b0c4e8"), ("softmax under P V", C_SOFT), ("rescale, P → operand", "#f2c6a0")]
+
+
+def measured_timeline(path, kernel, n, title):
+    m1, m2, head = tile_timeline(kernel, n)
+    (whole,) = parse(REF.relative_to(REPO) / "tile_timeline.txt",
+                     re.escape(head) + r"[\s\S]*?the whole block\s+[\d.]+ us\s+\((\d+) cycles\)")
+    rows = []
+    for label, marks in (("consumer WG 1", m1), ("consumer WG 2", m2)):
+        rows.append((label, [(marks[k], marks[k + 1] - marks[k], MEASURED_STEPS[k][1], "") for k in range(len(marks) - 1)]))
+    fig, ax = plt.subplots(figsize=(10.5, 2.9))
+    gantt(ax, rows, xlabel="SM cycles from WG 1's block_begin (medians over every tile)")
+    for k in range(len(rows)):
+        marks = m1 if k == 0 else m2
+        y = 1 - k
+        sm = (marks[5], marks[6])
+        ax.text((sm[0] + sm[1]) / 2, y, "softmax of S_ij\n(P V_j−1 running)", ha="center", va="center", fontsize=7.5)
+        ax.text((marks[3] + marks[4]) / 2, y, "wait V_j−1,\nissue P V_j−1", ha="center", va="center", fontsize=7.5)
+        span = f"{whole} cycles (median block)" if k == 0 else f"{marks[-1] - marks[0]:.0f} cycles"
+        ax.text(marks[-1] + 20, y, span, va="center", fontsize=8)
+    handles = [Rectangle((0, 0), 1, 1, facecolor=col, edgecolor="black", lw=0.5) for _, col in MEASURED_STEPS]
+    ax.legend(handles, [s for s, _ in MEASURED_STEPS], fontsize=7.5, ncol=4, loc="upper center",
+              bbox_to_anchor=(0.5, -0.32), frameon=False)
+    share = 100 * (m1[6] - m1[5]) / whole
+    ax.set_title(f"{title} (the softmax step: {share:.0f} % of WG 1's block)\n{head.split(':')[0]}: the middle K/V block, measured (results/nvidia_h100_80gb_hbm3/tile_timeline.txt)",
+                 fontsize=9.5)
+    ax.set_xlim(0, max(m1[-1], m2[-1]) * 1.15)
+    save(fig, path)
+
+
+@figure("06_fa3_hopper/figures/06d_timeline.png")
+def fig_06d(path):
+    measured_timeline(path, "06d", 4096, "06d: each warpgroup's softmax runs under its own P V; WG 2 trails WG 1")
+
+
+@figure("06_fa3_hopper/figures/fp8_timeline.png")
+def fig_fp8_timeline(path):
+    measured_timeline(path, "06_fp8", 4096, "06_fp8: the same block with e4m3 GEMMs at twice the rate")
+
+
+@figure("06_fa3_hopper/figures/fp8_layouts.png")
+def fig_fp8_layouts(path):
+    """V̂ᵀ's key order (wgmma_key_position) and P's packing into the e4m3 A operand."""
+    src = source("06_fa3_hopper/fp8_fa3.cuh")
+    if "16h + {2t, 2t+1, 8+2t, 9+2t}" not in src:
+        raise RuntimeError("fp8_fa3.cuh: the key order comment moved: update scripts/figures.py")
+    pos = {}
+    for t in range(4):  # quad lane t: keys {2t, 2t+1, 8+2t, 9+2t} at positions 4t..4t+3 (per 16 keys)
+        for q, key in enumerate((2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t)):
+            pos[key] = 4 * t + q
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5.6), gridspec_kw=dict(height_ratios=[1.15, 1]))
+    ax = axes[0]
+    blank(ax, (-3.2, 16.5), (-0.6, 5.0))
+    ax.text(-3.1, 3.9, "S accumulator:\nlane t of a quad\nholds keys", fontsize=8, va="center")
+    ax.text(-3.1, 0.6, "V̂ᵀ in smem\n(the transpose\nwrites keys here)", fontsize=8, va="center")
+    for key in range(16):
+        t = (key % 8) // 2
+        box(ax, key, 3.4, 1, 1, str(key), color=matplotlib.colors.to_rgba(cmap(t), 0.45), fs=8)
+        box(ax, pos[key], 0.1, 1, 1, str(key), color=matplotlib.colors.to_rgba(cmap(t), 0.45), fs=8)
+        ax.add_patch(FancyArrowPatch((key + 0.5, 3.4), (pos[key] + 0.5, 1.1), arrowstyle="-|>", mutation_scale=8,
+                                     color=cmap(t), lw=0.8))
+    for t in range(4):
+        ax.text(4 * t + 2, -0.45, f"lane {t}: one 32-bit register", ha="center", fontsize=7.5, color=cmap(t))
+    ax.set_title("FP8 wgmma reads B K-major: for O += P V the K dimension is the keys, so V̂ is transposed in shared memory\n"
+                 "(V̂ᵀ [d][keys]), in the key order lane t of the S accumulator already holds: P needs no shuffle "
+                 "(wgmma_key_position)", fontsize=9.5)
+    ax = axes[1]
+    blank(ax, (-3.2, 16.5), (-0.3, 3.6))
+    rows = [("Q̂_i [B_r][d]", "A operand, K = d: rows of Q are K-major as stored", "#e6ecf6"),
+            ("K̂_j [B_c][d]", "B operand of S = Q Kᵀ, K = d: K-major as stored (TMA)", "#e6ecf6"),
+            ("V̂_j [B_c][d] → V̂_jᵀ [d][B_c]", "B operand of O += P V, K = keys: producer warps 1–3 transpose it\n"
+             "(ldmatrix.trans, prmt, stmatrix) a block or two ahead of the consumers", "#f3d9a4")]
+    for k, (name, what, col) in enumerate(rows):
+        y = 2.5 - k * 1.15
+        box(ax, -3.1, y, 5.8, 0.9, name, color=col, fs=8.5)
+        ax.text(3.1, y + 0.45, what, fontsize=8.5, va="center")
+    ax.set_title("e4m3 operands of the two GEMMs (fp8_fa3.cuh, fp8.md: The layouts)", fontsize=9.5)
+    save(fig, path)
+
+
+# ---------------------------------------------------------------- main, --check
+
+FIG_LINK = re.compile(r"\]\((figures/[^)\s]+\.png)\)")
+
+
+def lesson_links():
+    """{figure path relative to the repository: [lessons linking it]} over every lesson."""
+    links = {}
+    for md in sorted(REPO.glob("0[1-6]_*/*.md")) + sorted(REPO.glob("*.md")):
+        for m in FIG_LINK.finditer(md.read_text()):
+            rel = str((md.parent / m.group(1)).resolve().relative_to(REPO))
+            links.setdefault(rel, []).append(str(md.relative_to(REPO)))
+    return links
+
+
+def draw(out_root, only=None):
+    failures = []
+    for rel, fn in FIGURES.items():
+        if only and only not in rel:
+            continue
+        try:
+            fn(out_root / rel)
+            size = (out_root / rel).stat().st_size
+            print(f"  {rel:<58} {size / 1024:6.0f} KiB")
+        except Exception as exc:  # report every figure that fails, not just the first
+            failures.append(f"{rel}: {type(exc).__name__}: {exc}")
+    return failures
+
+
+def check_links():
+    failures = []
+    links = lesson_links()
+    for rel, lessons in links.items():
+        if rel not in FIGURES:
+            failures.append(f"{', '.join(lessons)} links {rel}, which scripts/figures.py does not draw")
+        elif not (REPO / rel).exists():
+            failures.append(f"{', '.join(lessons)} links {rel}, which is not committed: run scripts/figures.py")
+    committed = sorted(str(p.relative_to(REPO)) for p in REPO.glob("0[1-6]_*/figures/*.png"))
+    for rel in committed:
+        if rel not in links and rel not in AWAITING:
+            failures.append(f"{rel} is linked by no lesson (link it, or list it in AWAITING with a reason)")
+        if rel not in FIGURES:
+            failures.append(f"{rel} is not drawn by scripts/figures.py (no hand-made figures)")
+    for rel, why in AWAITING.items():
+        if rel in links:
+            failures.append(f"{rel} is linked now: remove it from AWAITING")
+        else:
+            print(f"  awaiting a lesson: {rel} ({why})")
+    return failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="draw into a temporary folder and check the lessons' links")
+    ap.add_argument("--only", help="draw only the figures whose path contains this")
+    args = ap.parse_args()
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("drawing every figure into a temporary folder:")
+            failures = draw(pathlib.Path(tmp))
+        failures += check_links()
+    else:
+        failures = draw(REPO, args.only)
+    for f in failures:
+        print("FAIL:", f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
