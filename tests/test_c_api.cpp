@@ -73,7 +73,7 @@ TEST(CApi, RunAsyncRefusesASmallWorkspaceBeforeAnyLaunch) {
   char err[256] = {0};
   ASSERT_EQ(attn_workspace_bytes("01_naive", &cp, &need, err, sizeof err), ATTN_OK) << err;
   ASSERT_GT(need, 0u);
-  int dummy = 0;
+  alignas(16) int dummy = 0;  // the library refuses pointers that are not 16-byte aligned
   EXPECT_EQ(attn_run_async("01_naive", &cp, &dummy, &dummy, &dummy, &dummy, nullptr, &dummy, need - 1, nullptr, err,
                            sizeof err),
             ATTN_INVALID_INPUT);
@@ -134,7 +134,7 @@ TEST(CApi, BackwardInfoAndWorkspaceAreTheStagesAndForwardOnlyRungsSaySo) {
   EXPECT_NE(std::string(err).find("d = 256"), std::string::npos) << err;
   // Refused before any launch, so without a GPU too: a null pointer, a small workspace.
   ASSERT_EQ(attn_backward_workspace_bytes("05_fa2_reordered", &cp, &bytes, err, sizeof err), ATTN_OK) << err;
-  int dummy = 0;
+  alignas(16) int dummy = 0;  // the library refuses pointers that are not 16-byte aligned
   EXPECT_EQ(attn_run_backward_async("05_fa2_reordered", &cp, &dummy, &dummy, &dummy, &dummy, nullptr, &dummy, &dummy,
                                     &dummy, &dummy, &dummy, bytes, nullptr, err, sizeof err),
             ATTN_INVALID_INPUT);

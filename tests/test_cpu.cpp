@@ -377,7 +377,7 @@ TEST(Validation, NullPointersAndMissingWorkspace) {
   for (const Stage& s : registry()) {
     AttnProblem p = tiny(17, 17, s.head_dims.front());
     p.dtype = s.dtypes.front();
-    int dummy = 0;
+    alignas(16) int dummy = 0;  // the library refuses pointers that are not 16-byte aligned
     float descale = 1.f;
     AttnTensors t{&dummy, &dummy, &dummy, &dummy};
     t.q_descale = t.k_descale = t.v_descale = &descale;  // read by e4m3 inputs only

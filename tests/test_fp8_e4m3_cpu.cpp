@@ -92,7 +92,7 @@ TEST(Fp8E4m3, WrongDtypesAreRefusedByName) {
 TEST(Fp8E4m3, MissingDescalesAreRefusedByName) {
   const Stage& s = find_stage("06_fp8_e4m3");
   const AttnProblem p = e4m3_problem(64);
-  int dummy = 0;
+  alignas(16) int dummy = 0;  // the library refuses pointers that are not 16-byte aligned
   float descale = 1.f;
   std::vector<char> ws(s.workspace(p));
   AttnTensors t{&dummy, &dummy, &dummy, &dummy, nullptr, ws.data(), ws.size()};
@@ -111,7 +111,7 @@ TEST(Fp8E4m3, MissingDescalesAreRefusedByName) {
 TEST(Fp8E4m3, CApiRefusalsComeBeforeAnyLaunch) {
   const attn_problem_t cp{2, 4, 2, 113, 1000, 128, 1, 3, 0.f};  // dtype 3: e4m3
   char err[512] = {0};
-  int dummy = 0;
+  alignas(16) int dummy = 0;  // the library refuses pointers that are not 16-byte aligned
   float descale = 1.f;
   size_t need = 0;
   ASSERT_EQ(attn_workspace_bytes("06_fp8_e4m3", &cp, &need, err, sizeof err), ATTN_OK) << err;
