@@ -4,16 +4,17 @@
 // are loaded synchronously into one K and one V buffer of padded rows (d + 8 elements), and
 // the mma fragments are read with plain 32-bit shared loads.
 //
-// Work split inside a CTA (B_r = 128, 4 warps): warp w owns B_r/4 rows of Q_i, hence the
-// same rows of S_ij, P_ij and O_i. It reads all of K_j and V_j from shared memory, so no
-// warp ever needs another warp's partial results (no shared-memory reduction).
+// Work split inside a CTA (B_r = 64, 4 warps: fa2_steps.h, StepTile): warp w owns B_r/4
+// rows of Q_i, hence the same rows of S_ij, P_ij and O_i. It reads all of K_j and V_j from
+// shared memory, so no warp ever needs another warp's partial results (no shared-memory
+// reduction).
 //
 //            K_j^T (B_c keys)            V_j (d columns)
 //          +----------------+          +----------------+
-//   warp 0 | S_ij rows 0-31 |  -> P -> | O_i rows 0-31  |
-//   warp 1 | rows 32-63     |          | rows 32-63     |
-//   warp 2 | rows 64-95     |          | rows 64-95     |
-//   warp 3 | rows 96-127    |          | rows 96-127    |
+//   warp 0 | S_ij rows 0-15 |  -> P -> | O_i rows 0-15  |
+//   warp 1 | rows 16-31     |          | rows 16-31     |
+//   warp 2 | rows 32-47     |          | rows 32-47     |
+//   warp 3 | rows 48-63     |          | rows 48-63     |
 //          +----------------+          +----------------+
 //
 // mma.sync m16n8k16 fragments (g = lane / 4, t = lane % 4; each register holds two

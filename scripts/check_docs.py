@@ -34,12 +34,9 @@ TOP_README_MAX = 175
 RESULTS_MAX_FILES = 60
 # Lessons allowed past LESSON_MAX, each with its reason.
 OVER_BUDGET = {
-    "05_fa2_reordered/README.md": "being split (issue 45)",
 }
 # Lessons that do not open with the box yet, each with its reason.
 NO_BOX = {
-    "05_fa2_reordered/README.md": "being rewritten in steps (issue 45); the coordinator adds the box",
-    "05_fa2_reordered/steps.md": "being rewritten in steps (issue 45); the coordinator adds the box",
 }
 BOX_KEYS = ("> **GPU:** ", "> **Run:** ", "> **Lab:** ")
 RUN_LINE = re.compile(r"`build/bench/attn_bench --rungs ([\w,]+) --check`")

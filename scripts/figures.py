@@ -37,11 +37,6 @@ H100_FLOP_PER_CYCLE = 4096  # dense bf16 FLOP per SM per cycle (06d.md)
 
 # Figures drawn here that no lesson links yet, with the reason (--check allows them).
 AWAITING = {
-    "05_fa2_reordered/figures/warps_split_rows.png": "rung 05's lessons are being split into steps",
-    "05_fa2_reordered/figures/swizzle.png": "rung 05's lessons are being split into steps",
-    "05_fa2_reordered/figures/cp_async_ring.png": "rung 05's lessons are being split into steps",
-    "05_fa2_reordered/figures/causal_order_lazy_rescale.png": "rung 05's lessons are being split into steps",
-    "05_fa2_reordered/figures/backward_gemms.png": "rung 05's lessons are being split into steps",
 }
 
 FIGURES = {}  # path relative to the repository -> drawing function(path)

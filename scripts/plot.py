@@ -597,7 +597,7 @@ def main(argv=None):
         bwd_rows = load(args.backward)
         plot_tflops_vs_n(bwd_rows, args.dtype, Palette(rung_order(bwd_rows)), out_dir, "backward_tflops_vs_n.png",
                          "Attention backward (FLOPs 2.5x the forward's)")
-    if args.decode:  # linked from 05_fa2_reordered/README.md
+    if args.decode:  # linked from 05_fa2_reordered/decode.md
         decode_rows = load(args.decode)
         plot_decode(decode_rows, Palette(rung_order(decode_rows)), out_dir)
     if args.readme:

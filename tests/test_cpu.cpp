@@ -476,7 +476,7 @@ TEST(Fa2Layout, TilesArePermutationsFreeOfBankConflicts) {
 // 05a reads its mma fragments with 32-bit shared loads from padded rows: lane (g, t) reads
 // the word at row g, column 2t (+ a whole 8-row group and a 16-column step), Q_i and K_j's
 // A/B fragments; V_j's B fragment reads 16-bit halves of rows 2t, 2t + 1, column g. Each
-// such warp-wide load reads at most one distinct word per bank (steps.md).
+// such warp-wide load reads at most one distinct word per bank (05a.md).
 template <class Cfg>
 void expect_step_a_conflict_free(const char* name) {
   SCOPED_TRACE(name);
@@ -506,8 +506,11 @@ TEST(Fa2Layout, Step05aPaddedRowsServe32BitFragmentLoads) {
   expect_step_a_conflict_free<fa2::step_a::TileFor<64>>("05a, d = 64");
   expect_step_a_conflict_free<fa2::step_a::TileFor<128>>("05a, d = 128");
   static_assert(fa2::step_a::TileFor<128>::kStride == 136 && fa2::step_b::TileFor<128>::kStride == 128 &&
-                    fa2::step_c::TileFor<128>::kStages == 2 && fa2::step_b::TileFor<128>::kStages == 1,
-                "the layouts and buffers steps.md describes");
+                    fa2::step_c::TileFor<128>::kStages == 2 && fa2::step_b::TileFor<128>::kStages == 1 &&
+                    fa2::step_a::TileFor<64>::kBr == fa2::step_b::TileFor<64>::kBr &&
+                    fa2::step_a::TileFor<128>::kBc == fa2::step_b::TileFor<128>::kBc &&
+                    fa2::step_c::TileFor<128>::kBr == fa2::TileFor<128>::kBr,
+                "the layouts, buffers and tiles 05a.md, 05b.md and 05c.md describe");
 }
 
 // ---------------------------------------------------------------- rung 06: tile layouts and the FP8 pre-kernel model
