@@ -608,10 +608,7 @@ std::string no_gpu_reason() {
   cudaGetLastError();  // leave no error behind for later queries
   if (err == cudaSuccess && n > 0) return "";
   if (err == cudaSuccess) return "no GPU found (the CUDA runtime sees no device)";
-  std::string why = std::string("no GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(err);
-  if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice)
-    why += "; on a machine with an NVIDIA GPU, check nvidia-smi and that its driver supports this CUDA version";
-  return why + ")";
+  return std::string("no GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(err) + ")";
 }
 
 int main(int argc, char** argv) {
@@ -653,7 +650,10 @@ int main(int argc, char** argv) {
                  std::to_string(sm);
   }
   std::printf("lab %s: %s (%s) on %s\n", kLabId, kLabTitle, kLabStage, gpu.c_str());
-  if (!skip_all.empty()) std::printf("  %s: every check is skipped, nothing is graded\n", skip_all.c_str());
+  if (gpu == "none" && !skip_all.empty())
+    std::printf("  %s: every check is skipped, nothing is graded (on a machine with an NVIDIA GPU, nvidia-smi\n"
+                "  should list it, and its driver must support this CUDA version)\n",
+                skip_all.c_str());
 
   std::vector<Result> results;
   std::unique_ptr<Grader> grader;

@@ -435,7 +435,7 @@ def exercise_md(table, ex, copy, root):
         detail = f" ({', '.join(f'{k} = {v}' for k, v in extra.items())})" if extra else ""
         md.append(f"| `{c['name']}` | {kinds[c['kind']]['what']}{detail} |")
     md += ["", f"The untouched stubs fail {', '.join('`' + c + '`' for c in ex['stub_fails'])}. A failing check "
-           "prints what it saw and a hint. Without a GPU every check reports \"skipped: no GPU\"; the run is "
+           "prints what it saw and a hint. Without a GPU every check reports \"skipped: no GPU found\"; the run is "
            "skipped, never passed.", "",
            "## Build and grade", "",
            "```sh",
