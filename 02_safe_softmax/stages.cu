@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(Walk::Threads) row_max(ScoreRows rows, const f
   }
 }
 
-// Pass 2: l_i = Σ_j exp(S_ij - m_i); copied from 01's pass 1, the change is "- m_i".
+// Pass 2: l_i = Σ_j exp(S_ij - m_i) over the visible keys, m_i from pass 1.
 template <typename Walk>
 __global__ void __launch_bounds__(Walk::Threads)
     row_sum_exp(ScoreRows rows, const float* S, const float* row_max, float* row_sum) {

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kRowsPerCta * kWarpSize)
       }
     }
 
-    // online softmax: m_new = max(m, max_c s_c); rescale l and o by exp(m - m_new)
+    // online softmax: fold the chunk's 32 keys into m, l and o
     const float m_new = fmaxf(m, group_max(s));  // finite: key j0 is visible; LAB:BEGIN 03b.update
     const float alpha = __expf(m - m_new);      // exp(-inf) = 0 on the first chunk
     const float p = __expf(s - m_new);          // 0 for keys past the end

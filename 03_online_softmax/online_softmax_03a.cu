@@ -2,8 +2,8 @@
 // a running max m and a running sum l of exp(S_ij - m); when a larger score arrives, the
 // sum so far is rescaled to the new max (Milakov & Gimelshein 2018, Algorithm 3):
 //
-//   m_new = max(m, S_ij)
-//   l     = l · exp(m - m_new) + exp(S_ij - m_new)
+//   m = the largest score seen so far,   l = Σ exp(S_ij - m) over the scores seen so far,
+//   so the sum must follow m each time m grows
 //
 // Partial (m, l) pairs from different lanes merge with the same rule, so the order of the
 // scores does not matter: m_i and l_i come out of one pass over S instead of two.
@@ -18,7 +18,7 @@ using namespace softmax_rows;
 
 namespace {
 
-// (m, l) ⊕ (m', l') = (max(m, m'), l · exp(m - max) + l' · exp(m' - max)) across the warp.
+// (m, l) ⊕ (m', l'): the pair of the union of both lanes' scores, over the warp by butterfly.
 // A lane that saw no visible score holds (-inf, 0) and contributes 0.
 __device__ inline void warp_merge(float& m, float& l) {
 #pragma unroll

@@ -127,10 +127,10 @@ __device__ void gemm_tiles(const T* A, int lda, const T* B, int ldb, float* C, i
 // Lines 10, 11 and 13 (statistics) of Algorithm 1 for the rows of block (i, j), kRowLanes
 // lanes per row:
 //   m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij)         (10)
-//   m_new = max(m_i, m~_ij), l_new = e^{m_i - m_new} l_i + e^{m~_ij - m_new} l~_ij  (11)
+//   m_new, l_new: the row's statistics over blocks 0 .. j, from (m_i, l_i) and (m~, l~)  (11)
 //   m_i <- m_new, l_i <- l_new in HBM                                              (13)
-// m_i, l_i come from shared memory (loaded with Q_i, line 8); the two weights line 12 gives
-// O_i and P~_ij V_j go there too: l_i e^{m_i - m_new} / l_new and e^{m~_ij - m_new} / l_new.
+// m_i, l_i come from shared memory (loaded with Q_i, line 8); line 12's two per-row weights,
+// of O_i and of P~_ij V_j, go there too (update_O applies them).
 // Masked entries (keys past Nk, causal) get P~ = 0; rows past Nq are all masked.
 template <typename T>
 __device__ void softmax_rows(const Args& a, int64_t i0, int64_t j0, const float* S_ij, int ld_s, T* P_ij, int ld_p,
@@ -171,8 +171,8 @@ __device__ void softmax_rows(const Args& a, int64_t i0, int64_t j0, const float*
   }
 }
 
-// Line 12 of Algorithm 1, O_i <- diag(l_new)^-1 (diag(l_i) e^{m_i - m_new} O_i + e^{m~_ij - m_new} P~_ij V_j)
-// = old_weight O_i + new_weight (P~_ij V_j): O_i read from HBM, updated, written back.
+// Line 12 of Algorithm 1 with softmax_rows' two weights per row: O_i read from HBM, updated
+// with P~_ij V_j, written back.
 template <int kHeadDim>
 __device__ void update_O(float* O_i, int rows, const float* PV, int ld_pv, const float* old_weight,
                          const float* new_weight) {

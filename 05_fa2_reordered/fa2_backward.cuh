@@ -90,7 +90,7 @@ template <int kD>
 constexpr int kPrepassLanes = kD / kChunkElems;
 constexpr int kPrepassThreads = 256;
 
-// D_r = rowsum(dO_r ∘ O_r) for every row r of [B, H, Nq], and the row's dQ_acc zeroed (the
+// D_r (line 1, README §8) for every row r of [B, H, Nq], and the row's dQ_acc zeroed (the
 // main kernel only adds to it) when there is one. The loop is uniform per warp, so every lane is in the shuffles.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const BwdParams<T> p, int64_t rows) {
@@ -149,8 +149,8 @@ struct BwdSmem {
 template <class Cfg>
 using DsLayout = SwizzledRows<Cfg::kQueries>;
 
-// Pᵀ = exp(Sᵀ scale − L) for this warp's keys (rows) and the step's queries (columns), in
-// place, in base 2: exp2(Sᵀ scale log2(e) − L log2(e)). kMasked: entries a query does not see
+// Pᵀ recomputed from Sᵀ and L (line 10) for this warp's keys (rows) and the step's queries
+// (columns), in place, in base 2 (exp2_approx). kMasked: entries a query does not see
 // (key past Nk, query past Nq, causal key > query + Nk − Nq) are 0 without evaluating exp2,
 // since L is −inf for a query that sees no key at all (and 0, not a logsumexp, past Nq).
 template <class Cfg, bool kMasked, typename T>
@@ -190,7 +190,7 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
   return __half22float2(*reinterpret_cast<const __half2*>(&x));
 }
 
-// Line 13 in place: dPᵀ becomes dSᵀ = Pᵀ ∘ (dPᵀ − D), D per query (column). Pᵀ is read from
+// Line 13 in place: dPᵀ becomes dSᵀ, with D per query (column). Pᵀ is read from
 // its A fragments (pack_p's map, inverted: C tile nt, element e is in register (nt % 2) * 2 +
 // e / 2 of 16-key step nt / 2, half e % 2), the copy dV was computed from: the fp32 Pᵀ need
 // not stay live through dPᵀ = V_j dO_iᵀ, 32 registers fewer at d = 128.

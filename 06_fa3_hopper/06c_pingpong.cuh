@@ -64,7 +64,7 @@ struct alignas(1024) SharedStorage {  // 128-byte swizzle atoms need 1024-byte a
   int unit;  // the unit of the tile whose Q_i q_full announces (produce_tiles)
 };
 
-// Ring slot of the CTA's it-th K/V block: stage it mod s, and the parity of the lap.
+// Ring slot of the CTA's it-th K/V block: its stage, and the parity its barrier waits test.
 template <class Cfg>
 struct Slot {
   int stage;

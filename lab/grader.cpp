@@ -599,6 +599,18 @@ void write_json(std::ostream& os, const std::string& gpu, const std::string& ove
   os << "  ]\n}\n";
 }
 
+// Empty when a GPU is there; else "no GPU found (...)", with CUDA's own words in parentheses:
+// on a machine without a GPU the runtime reports a driver problem (the CUDA driver is absent,
+// or only its stub is installed), which is no reason to suspect the student's code or setup.
+std::string no_gpu_reason() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  cudaGetLastError();  // leave no error behind for later queries
+  if (err == cudaSuccess && n > 0) return "";
+  if (err == cudaSuccess) return "no GPU found (the CUDA runtime sees no device)";
+  return std::string("no GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(err) + ")";
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> only;
   std::string json_path;
@@ -627,10 +639,8 @@ int main(int argc, char** argv) {
   }
 
   // Why nothing can run here, if so.
-  std::string skip_all, gpu = "none";
-  if (!cuda_device_available(&skip_all)) {
-    skip_all = "no GPU: " + skip_all;
-  } else {
+  std::string skip_all = no_gpu_reason(), gpu = "none";
+  if (skip_all.empty()) {
     gpu = current_gpu_slug();
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -640,6 +650,10 @@ int main(int argc, char** argv) {
                  std::to_string(sm);
   }
   std::printf("lab %s: %s (%s) on %s\n", kLabId, kLabTitle, kLabStage, gpu.c_str());
+  if (gpu == "none" && !skip_all.empty())
+    std::printf("  %s: every check is skipped, nothing is graded (on a machine with an NVIDIA GPU, nvidia-smi\n"
+                "  should list it, and its driver must support this CUDA version)\n",
+                skip_all.c_str());
 
   std::vector<Result> results;
   std::unique_ptr<Grader> grader;

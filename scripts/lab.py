@@ -2,22 +2,26 @@
 """Lab mode (LABS.md): hand out a rung as an exercise, build only what it needs, grade it.
 
   lab.py list [--json]                        the exercises: rung, regions, time, prerequisites, GPUs
-  lab.py make ID --out DIR [--hints N] [--only-needed]
+  lab.py make ID --out DIR [--only-needed]
                                               a student copy: ID's regions replaced by stubs, EXERCISE.md
+  lab.py hint ID [REGION] [--tier N]          one tier of the hints: 1 the idea, 2 where and how, 3 formulas
   lab.py check ID [--json FILE] [--build-dir DIR] [--arch A]
                                               configure and build the lab (./build-lab-ID), run the grader
   lab.py grade ID SUBMISSION... --json FILE   grade a class: each submission's region files, built and checked
   lab.py verify                               markers balanced and named, the table consistent (no GPU)
+  lab.py audit [--ids ...]                    each student copy: no answer left in it, links still right (no GPU)
   lab.py ci [--work DIR]                      verify, then make + configure + build every exercise (no GPU)
   lab.py selftest [--work DIR] [--log FILE]   on a GPU: the stubs fail, the references pass, rebuild times
   lab.py config ID --out DIR                  what a lab build needs (cmake/lab.cmake runs this)
 
 The exercises are declared once, in lab/exercises.json. A region is the code between the
 markers LAB:BEGIN <name> and LAB:END (in // comments, marker lines included) of the reference
-source; `make` replaces it with a TODO, the hints and the table's stub. Standard library only.
+source; `make` replaces it, in as many lines, with a TODO (the region's task) and the table's
+stub. Standard library only.
 """
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -36,6 +40,7 @@ BEGIN = re.compile(r"//.*?\bLAB:BEGIN\b\s*([A-Za-z0-9_.\-]*)")
 END = re.compile(r"//.*?\bLAB:END\b")
 SKIPPED_DIRS = {".git", "__pycache__", ".pytest_cache", ".scratch", ".deps", ".whl", "node_modules"}
 GRADER = Path("lab") / "lab_grade"
+SOURCE_SHA = Path("lab") / "source_sha"  # in a student copy: the commit it was made from (make)
 SKIP_RC = 77
 GPUS = {
     80: "sm_80 or newer: A100, A10, A40, RTX 30xx, L4, L40, RTX 40xx, H100, H200",
@@ -221,19 +226,44 @@ def wrapped_comment(text, indent, width=100):
     return [f"{indent}// {lines[0]}\n"] + [f"{indent}//   {line}\n" for line in lines[1:]]
 
 
-def stub_block(ex, spec, indent, hints):
-    out = [f"{indent}// LAB:BEGIN {spec['name']}\n"]
-    out += wrapped_comment(f"TODO(lab {ex['id']}): {spec['task']}.", indent)
-    for k, hint in enumerate(spec["hints"][:hints], 1):
-        out += wrapped_comment(f"Hint {k}: {hint}", indent)
-    out.append(f"{indent}// More hints and the checks: EXERCISE.md. The stub below compiles and is wrong.\n")
-    out += [f"{indent}{line}\n" for line in spec["stub"]]
-    out.append(f"{indent}// LAB:END\n")
-    return out
+def with_comment(line, comment):
+    """line (no newline) with `comment` appended to its // comment, or as a new one."""
+    return f"{line}; {comment}" if "//" in line else f"{line}  // {comment}"
 
 
-def stubbed(lines, rel, ex, hints):
-    """The lines of one file with the exercise's regions in it replaced by stubs."""
+def stub_block(ex, spec, indent, n):
+    """The stub that replaces a region of n lines, in exactly n lines, so that every line after
+    it keeps its number and the lessons' file:line links stay right in the student copy. The
+    longest form that fits: the marker, the TODO (the region's task), a note, the stub, blank
+    lines up to n, the end marker; in a short region the TODO shrinks to a pointer, then the
+    markers move onto the stub's lines, then the stub's statements share lines."""
+    name, stub = spec["name"], list(spec["stub"])
+    begin, end = f"// LAB:BEGIN {name}", "// LAB:END"
+    todo = wrapped_comment(f"TODO(lab {ex['id']}): {spec['task']}.", indent)
+    note = wrapped_comment(f"Your code here. The stub below compiles and is wrong; `scripts/lab.py hint "
+                           f"{ex['id']}` gives hints, one tier at a time.", indent)
+    body = [f"{indent}{line}\n" for line in stub]
+    pointer = f"TODO(lab {ex['id']}): EXERCISE.md, region {name}"
+    for form in ([f"{indent}{begin}\n"] + todo + note + body,
+                 [f"{indent}{begin}\n"] + todo + body,
+                 [f"{indent}{begin}  {pointer}\n"] + body,
+                 [with_comment(body[0].rstrip("\n"), f"LAB:BEGIN {name} {pointer}") + "\n"] + body[1:]):
+        if len(form) + 1 <= n:
+            return form + ["\n"] * (n - len(form) - 1) + [f"{indent}{end}\n"]
+    # The markers on the stub's own lines; statements joined so that they fit in n lines.
+    if len(stub) > n:
+        head, tail = stub[:n - 1], stub[n - 1:]
+        joined = " ".join(re.sub(r"\s*//.*$", "", t) for t in tail[:-1])
+        stub = head + [(joined + " " if joined else "") + tail[-1]]
+    lines = [f"{indent}{line}" for line in stub]
+    lines[0] = with_comment(lines[0], f"LAB:BEGIN {name} {pointer}")
+    lines[-1] = with_comment(lines[-1], "LAB:END")
+    lines = [ln + "\n" for ln in lines]
+    return lines + ["\n"] * (n - len(lines)) if len(lines) < n else lines
+
+
+def stubbed(lines, rel, ex):
+    """The lines of one file with the exercise's regions in it replaced by stubs of the same length."""
     regions, errors = scan_lines(lines, rel)
     if errors:
         fail("; ".join(errors))
@@ -246,13 +276,95 @@ def stubbed(lines, rel, ex, hints):
         code = [ln for ln in lines[region.begin - 1:region.end] if ln.strip() and not ln.lstrip().startswith("#")]
         first = code[0] if code else lines[region.begin - 1]
         indent = first[:len(first) - len(first.lstrip())]
-        lines[region.begin - 1:region.end] = stub_block(ex, specs.pop(region.name), indent, hints)
+        n = region.end - region.begin + 1
+        block = stub_block(ex, specs.pop(region.name), indent, n)
+        assert len(block) == n, (region.name, len(block), n)
+        lines[region.begin - 1:region.end] = block
     if specs:
         fail(f"{rel}: no region {', '.join(specs)}")
     return lines
 
 
-def make_copy(ex_id, out, hints=1, only_needed=False, root=REPO, quiet=False):
+# ---------------------------------------------------------------- hints: in tiers, not in plain sight
+
+HINT_PREFIX = "b64:"
+
+
+def hint_text(h):
+    """A hint as the table stores it: plain in the repository, base64 in a student copy (so that
+    grep or a glance at the table does not show tier 3 before the student asks for it)."""
+    return base64.b64decode(h[len(HINT_PREFIX):]).decode("utf-8") if h.startswith(HINT_PREFIX) else h
+
+
+def encoded(h):
+    return h if h.startswith(HINT_PREFIX) else HINT_PREFIX + base64.b64encode(h.encode("utf-8")).decode("ascii")
+
+
+def copy_table(table):
+    """The table as a student copy holds it: every region's hints and forbidden expressions (the
+    answer's key parts, which `audit` looks for) encoded."""
+    out = json.loads(json.dumps(table))
+    for ex in out["exercises"]:
+        for r in ex.get("regions", []):
+            r["hints"] = [encoded(h) for h in r["hints"]]
+            r["forbidden"] = [encoded(f) for f in r.get("forbidden", [])]
+        for leak in ex.get("leaks_pending", []):
+            leak["text"] = encoded(leak["text"])
+    return json.dumps(out, indent=2, ensure_ascii=False) + "\n"
+
+
+TIER_NAMES = {1: "the idea", 2: "where and how, in this code", 3: "the formulas"}
+
+
+def cmd_hint(args):
+    table = load_table(Path(args.source).resolve() if args.source else REPO)
+    ex = exercise(table, args.id)
+    regions = ex["regions"]
+    if args.region:
+        regions = [r for r in regions if args.region in (r["name"], r["name"].split(".", 1)[1])]
+        if not regions:
+            fail(f"lab {ex['id']} has no region {args.region}; its regions: "
+                 f"{', '.join(r['name'] for r in ex['regions'])}")
+    for r in regions:
+        tiers = [hint_text(h) for h in r["hints"]]
+        tier = min(args.tier, len(tiers))
+        print(f"{r['name']}, hint tier {tier} of {len(tiers)} ({TIER_NAMES.get(tier, '')}):")
+        print(textwrap.indent(textwrap.fill(tiers[tier - 1], 96, break_long_words=False,
+                                            break_on_hyphens=False), "  "))
+        if tier < len(tiers):
+            print(f"  (next: scripts/lab.py hint {ex['id']} {r['name']} --tier {tier + 1})")
+        print()
+    return 0
+
+
+def source_sha(root=REPO):
+    """The commit of the lab's own source tree: in a student copy, the one `make` wrote into it
+    (lab/source_sha); in a checkout, git's HEAD (-dirty when a tracked file outside results/
+    differs) if root is the top of its own repository, never that of a repository enclosing it."""
+    if os.environ.get("ATTN_GIT_SHA"):  # a copy of the tree whose .git is not its commit
+        return os.environ["ATTN_GIT_SHA"]
+    marker = root / SOURCE_SHA
+    if marker.is_file():
+        return marker.read_text(encoding="utf-8").strip() or "unknown"
+
+    def git(*cmd):
+        return subprocess.run(["git", "-C", str(root), *cmd], capture_output=True, text=True)
+
+    try:
+        top = git("rev-parse", "--show-toplevel").stdout.strip()
+        if not top or Path(top).resolve() != root.resolve():
+            return "unknown"
+        sha = git("rev-parse", "--short", "HEAD").stdout.strip()
+        if not sha:
+            return "unknown"
+        if git("diff", "--quiet", "HEAD", "--", ".", ":(exclude)results").returncode != 0:
+            sha += "-dirty"
+        return sha
+    except OSError:
+        return "unknown"
+
+
+def make_copy(ex_id, out, only_needed=False, root=REPO, quiet=False):
     table = load_table(root)
     ex = exercise(table, ex_id)
     out = Path(out).resolve()
@@ -268,11 +380,16 @@ def make_copy(ex_id, out, hints=1, only_needed=False, root=REPO, quiet=False):
     for rel in files:
         src = root / rel
         if rel in region_files:
-            data = "".join(stubbed(read_lines(src), rel, ex, hints))
+            data = "".join(stubbed(read_lines(src), rel, ex))
+        elif rel == TABLE.as_posix():
+            data = copy_table(table)
+        elif rel == SOURCE_SHA.as_posix():
+            continue  # written below
         else:
             data = src.read_bytes()
         changed += write_if_changed(out / rel, data)
         shutil.copymode(src, out / rel)
+    write_if_changed(out / SOURCE_SHA, source_sha(root) + "\n")
     write_if_changed(out / "EXERCISE.md", exercise_md(table, ex, out, root))
     if not quiet:
         print(f"lab {ex_id}: {len(files)} files in {out} ({changed} written), the regions "
@@ -304,17 +421,21 @@ def exercise_md(table, ex, copy, root):
                     line = r.begin
         link = f"[`{spec['file']}:{line}`]({spec['file']}#L{line})" if line else f"`{spec['file']}`"
         md.append(f"| `{spec['name']}` | {link} | {spec['task']} |")
-    md += ["", "## Hints", "", "Open them one at a time.", ""]
-    for spec in ex["regions"]:
-        for k, hint in enumerate(spec["hints"], 1):
-            md += [f"<details><summary><code>{spec['name']}</code>, hint {k}</summary>", "", hint, "", "</details>", ""]
+    tiers = max(len(spec["hints"]) for spec in ex["regions"])
+    md += ["", "## Hints", "",
+           f"Try without them first. Each region has {tiers} tiers: 1 names the idea, 2 says where and how in this "
+           f"code, {tiers} gives the formulas. Ask for one tier at a time:", "",
+           "```sh",
+           f"scripts/lab.py hint {ex['id']}".ljust(48) + "# tier 1 for every region",
+           f"scripts/lab.py hint {ex['id']} {ex['regions'][0]['name']} --tier 2".ljust(48) + "# tier 2 for one region",
+           "```", ""]
     md += ["## What the grader checks", "", "| check | what it verifies |", "|---|---|"]
     for c in resolved_checks(table, ex):
         extra = {k: v for k, v in c["params"].items() if k not in ("kind",)}
         detail = f" ({', '.join(f'{k} = {v}' for k, v in extra.items())})" if extra else ""
         md.append(f"| `{c['name']}` | {kinds[c['kind']]['what']}{detail} |")
     md += ["", f"The untouched stubs fail {', '.join('`' + c + '`' for c in ex['stub_fails'])}. A failing check "
-           "prints what it saw and a hint. Without a GPU every check reports \"skipped: no GPU\"; the run is "
+           "prints what it saw and a hint. Without a GPU every check reports \"skipped: no GPU found\"; the run is "
            "skipped, never passed.", "",
            "## Build and grade", "",
            "```sh",
@@ -338,7 +459,7 @@ def exercise_md(table, ex, copy, root):
 
 
 def cmd_make(args):
-    make_copy(args.id, args.out, hints=args.hints, only_needed=args.only_needed)
+    make_copy(args.id, args.out, only_needed=args.only_needed)
     return 0
 
 
@@ -622,9 +743,12 @@ def verify(root=REPO):
         if ex.get("probe") and not (root / ex["probe"]).is_file():
             errors.append(f"{where}: probe {ex['probe']} does not exist")
         for r in ex["regions"]:
-            for key in ("name", "file", "task", "stub", "hints"):
+            for key in ("name", "file", "task", "stub", "hints", "forbidden"):
                 if not r.get(key):
                     errors.append(f"{where}: region {r.get('name')} has no {key}")
+            if len(r.get("hints", [])) != 3:  # LABS.md, "Hints in tiers"
+                errors.append(f"{where}: region {r.get('name')} must have 3 hint tiers (the idea, where and how, "
+                              "the formulas)")
             if not str(r.get("name", "")).startswith(ex["id"] + "."):
                 errors.append(f"{where}: region {r.get('name')} must be named {ex['id']}.<something>")
             if r.get("file", "").split("/")[0] not in ex["rungs"]:
@@ -661,12 +785,150 @@ def cmd_verify(args):
     return 0
 
 
+# ---------------------------------------------------------------- audit (no GPU)
+
+LINK = re.compile(r"\]\(([^)#\s]+)#L(\d+)\)")
+
+
+def squeeze(text):
+    """text without white space, in one spelling of the symbols that code comments write in ASCII."""
+    for a, b in (("−", "-"), ("ℓ", "l"), ("·", ""), ("̃", "~")):
+        text = text.replace(a, b)
+    return re.sub(r"\s+", "", text)
+
+
+def comment_blocks(lines, skip=()):
+    """The // comments of a file, consecutive lines joined, leaving out the line ranges in skip
+    ((begin, end), 1-based, inclusive): [(first line, text)]."""
+    blocks, current, start = [], [], 0
+    for n, line in enumerate(lines, 1):
+        inside = any(b <= n <= e for b, e in skip)
+        k = line.find("//")
+        if k < 0 or inside:
+            if current:
+                blocks.append((start, " ".join(current)))
+            current = []
+            continue
+        if not current:
+            start = n
+        current.append(line[k + 2:].strip())
+    if current:
+        blocks.append((start, " ".join(current)))
+    return blocks
+
+
+def audit_exercise(table, ex, work, root=REPO):
+    """What a student copy of ex gives away or breaks: (errors, notes). A copy must not hold the
+    reference's key expressions of a region (its `forbidden` list) in the stub, in the comments
+    left in the region files, in EXERCISE.md, in the copy's table or in hint tiers 1 and 2; the
+    regions keep their line numbers, so every lesson's file:line link into a region file shows
+    the same line as in the reference (outside the stubbed regions)."""
+    errors, notes = [], []
+    copy = make_copy(ex["id"], work / ex["id"], root=root, quiet=True)
+    where = f"lab {ex['id']}"
+    pending = {(p["file"], squeeze(p["text"])): p for p in ex.get("leaks_pending", [])}
+    seen_pending = set()
+    files = sorted({r["file"] for r in ex["regions"]})
+    stubbed_ranges = {}
+    for rel in files:
+        ref, stu = read_lines(root / rel), read_lines(copy / rel)
+        if len(ref) != len(stu):
+            errors.append(f"{where}: {rel} has {len(stu)} lines in the copy, {len(ref)} in the reference")
+        ref_regions = {r.name: r for r in scan_lines(ref, rel)[0]}
+        stu_regions = {r.name: r for r in scan_lines(stu, rel)[0]}
+        for spec in ex["regions"]:
+            if spec["file"] != rel:
+                continue
+            a, b = ref_regions.get(spec["name"]), stu_regions.get(spec["name"])
+            if not a or not b or (a.begin, a.end) != (b.begin, b.end):
+                errors.append(f"{where}: region {spec['name']} moved: reference "
+                              f"{a and (a.begin, a.end)}, copy {b and (b.begin, b.end)}")
+        stubbed_ranges[rel] = [(r.begin, r.end) for r in ref_regions.values()
+                               if r.name in {s["name"] for s in ex["regions"]}]
+    # The lessons' links into the region files.
+    links = 0
+    for md in sorted(copy.rglob("*.md")):
+        for m in LINK.finditer(md.read_text(encoding="utf-8", errors="replace")):
+            target = (md.parent / m.group(1)).resolve()
+            try:
+                rel = target.relative_to(copy).as_posix()
+            except ValueError:
+                continue
+            if rel not in files:
+                continue
+            line, ref, stu = int(m.group(2)), read_lines(root / rel), read_lines(copy / rel)
+            links += 1
+            if any(b <= line <= e for b, e in stubbed_ranges[rel]):
+                continue  # a link into the region: the stub, as it should
+            if line > len(stu) or line > len(ref) or ref[line - 1] != stu[line - 1]:
+                errors.append(f"{where}: {md.relative_to(copy)} links {rel}:{line}, which shows another line "
+                              "in the copy than in the reference")
+    # The answers.
+    texts = [("EXERCISE.md", (copy / "EXERCISE.md").read_text(encoding="utf-8")),
+             (TABLE.as_posix() + " (the copy's)", (copy / TABLE).read_text(encoding="utf-8"))]
+    for spec in ex["regions"]:
+        for k, h in enumerate(spec["hints"][:2], 1):
+            texts.append((f"hint tier {k} of {spec['name']}", hint_text(h)))
+    comment_texts = []
+    for rel in files:
+        stu = read_lines(copy / rel)
+        for r in scan_lines(stu, rel)[0]:
+            if r.name in {s["name"] for s in ex["regions"]}:
+                texts.append((f"the stub of {r.name} ({rel}:{r.begin})", "".join(stu[r.begin - 1:r.end])))
+        for line, text in comment_blocks(stu, stubbed_ranges[rel]):
+            comment_texts.append((rel, line, text))
+    for spec in ex["regions"]:
+        reference = squeeze("".join(read_lines(root / spec["file"])) + hint_text(spec["hints"][-1]))
+        for bad in spec.get("forbidden", []):
+            key = squeeze(bad)
+            if key not in reference:
+                errors.append(f"{where}: forbidden text of {spec['name']} is neither in {spec['file']} nor in its "
+                              f"last hint, so it guards nothing: {bad!r}")
+            for what, text in texts:
+                if key in squeeze(text):
+                    errors.append(f"{where}: {what} gives {spec['name']}'s answer away: {bad!r}")
+            for rel, line, text in comment_texts:
+                if key in squeeze(text):
+                    if (rel, key) in pending:
+                        seen_pending.add((rel, key))
+                        notes.append(f"{where}: {rel}:{line}: a comment still states {bad!r} "
+                                     f"(pending: {pending[(rel, key)]['why']})")
+                    else:
+                        errors.append(f"{where}: the comment at {rel}:{line} gives {spec['name']}'s answer away: "
+                                      f"{bad!r}")
+    for (rel, key), p in pending.items():
+        if (rel, key) not in seen_pending:
+            errors.append(f"{where}: leaks_pending lists {p['text']!r} in {rel}, which no comment there states "
+                          "any more: remove the entry")
+    notes.append(f"{where}: {len(files)} region file(s) keep their line count; {links} lesson links into them "
+                 f"checked; {sum(len(s.get('forbidden', [])) for s in ex['regions'])} forbidden expressions absent")
+    return errors, notes
+
+
+def cmd_audit(args):
+    table = load_table()
+    ids = args.ids or [ex["id"] for ex in ready_exercises(table)]
+    errors = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ex_id in ids:
+            e, notes = audit_exercise(table, exercise(table, ex_id), Path(tmp))
+            errors += e
+            print("\n".join(notes))
+    if errors:
+        print("\n".join(f"lab audit: {e}" for e in errors), file=sys.stderr)
+        return 1
+    print(f"lab audit: {len(ids)} student copies give no region's answer away and keep the lessons' links")
+    return 0
+
+
 # ---------------------------------------------------------------- ci and selftest
 
 def cmd_ci(args):
     errors, _ = verify()
     if errors:
         print("\n".join(f"lab verify: {e}" for e in errors), file=sys.stderr)
+        return 1
+    if cmd_audit(argparse.Namespace(ids=args.ids)):
         return 1
     table = load_table()
     work = Path(args.work).resolve()
@@ -704,7 +966,7 @@ def cmd_selftest(args):
         print(msg, flush=True)
         lines.append(msg)
 
-    log(f"lab selftest, {time.strftime('%Y-%m-%d %H:%M:%S')}, commit {git_head()}")
+    log(f"lab selftest, {time.strftime('%Y-%m-%d %H:%M:%S')}, commit {source_sha()}")
     if detect_arch(80) is None:
         print("lab selftest: no GPU found (nvidia-smi): every check will skip; only the builds are tested")
     for ex_id in ids:
@@ -772,16 +1034,6 @@ def merge_log(path, lines, order):
     path.write_text("\n".join(lines[:1] + body + [footer]) + "\n", encoding="utf-8")
 
 
-def git_head():
-    if os.environ.get("ATTN_GIT_SHA"):  # a copy of the tree whose .git is not its commit
-        return os.environ["ATTN_GIT_SHA"]
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip() or "?"
-    except OSError:
-        return "?"
-
-
 # ---------------------------------------------------------------- main
 
 def main():
@@ -794,9 +1046,14 @@ def main():
     p = sub.add_parser("make", help="a student copy with one exercise's regions stubbed")
     p.add_argument("id")
     p.add_argument("--out", required=True)
-    p.add_argument("--hints", type=int, default=1, help="hints written into the code (all are in EXERCISE.md)")
     p.add_argument("--only-needed", action="store_true", help="leave out the rung directories the lab does not build")
     p.set_defaults(fn=cmd_make)
+    p = sub.add_parser("hint", help="one tier of an exercise's hints (1: the idea, 2: where and how, 3: formulas)")
+    p.add_argument("id")
+    p.add_argument("region", nargs="?", help="one region (its name, or the part after the dot); default: all")
+    p.add_argument("--tier", type=int, default=1, choices=(1, 2, 3))
+    p.add_argument("--source", help="the tree whose table to read (default: the one holding this script)")
+    p.set_defaults(fn=cmd_hint)
     for name, fn, helptext in (("check", cmd_check, "build the lab and run its grader"),
                                ("grade", cmd_grade, "grade several submissions")):
         p = sub.add_parser(name, help=helptext)
@@ -816,6 +1073,9 @@ def main():
     p = sub.add_parser("verify", help="markers and table consistent (no GPU)")
     p.add_argument("--source", default=str(REPO))
     p.set_defaults(fn=cmd_verify)
+    p = sub.add_parser("audit", help="each student copy: no answer in it, lesson links right (no GPU)")
+    p.add_argument("--ids", nargs="*")
+    p.set_defaults(fn=cmd_audit)
     p = sub.add_parser("ci", help="verify; make, configure and build every exercise (no GPU)")
     p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "attn-lab-ci"))
     p.add_argument("--ids", nargs="*")
