@@ -11,15 +11,21 @@ execute_process(COMMAND "${attn_exe}" --gtest_list_tests
 if(NOT result EQUAL 0)
   message(FATAL_ERROR "${attn_exe} --gtest_list_tests failed (${result}):\n${listing}${errors}")
 endif()
-# A suite's line starts in column 0 and ends its name with '.' ("Suite." or
-# "Instance/Suite."); its cases follow indented. Matching only these characters keeps
-# brackets and ';' of the cases' parameter comments out of the CMake list.
-string(REGEX MATCHALL "\n[A-Za-z0-9_/]+\\." suites "\n${listing}")
-foreach(suite IN LISTS suites)
-  string(REGEX REPLACE "^\n(.*)\\.$" "\\1" suite "${suite}")
-  add_test("${attn_target}.${suite}" "${attn_exe}" "--gtest_filter=${suite}.*")
-  set_tests_properties("${attn_target}.${suite}" PROPERTIES
-                       SKIP_RETURN_CODE 77 TIMEOUT ${attn_timeout} WORKING_DIRECTORY "${attn_workdir}")
+# A suite's line starts in column 0: its name and '.' ("Suite." or "Instance/Suite."), maybe
+# "  # TypeParam = ..."; its cases follow, indented. Brackets, ';' and '\' (in the cases'
+# parameter comments) are replaced first, so that every line is one element of the CMake list.
+string(REGEX REPLACE "[][;]" "_" listing "${listing}")
+string(REPLACE "\\" "_" listing "${listing}")
+string(REPLACE "\n" ";" lines "${listing}")
+set(suites "")
+foreach(line IN LISTS lines)
+  if(line MATCHES "^([A-Za-z0-9_/]+)\\.( .*)?$")
+    set(suite "${CMAKE_MATCH_1}")
+    list(APPEND suites "${suite}")
+    add_test("${attn_target}.${suite}" "${attn_exe}" "--gtest_filter=${suite}.*")
+    set_tests_properties("${attn_target}.${suite}" PROPERTIES
+                         SKIP_RETURN_CODE 77 TIMEOUT ${attn_timeout} WORKING_DIRECTORY "${attn_workdir}")
+  endif()
 endforeach()
 if(NOT suites)
   message(FATAL_ERROR "${attn_exe} --gtest_list_tests listed no suite:\n${listing}")

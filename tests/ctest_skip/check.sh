@@ -23,7 +23,8 @@ expected="skip_demo.FailsAndSkips Failed
 skip_demo.Odd/Params Skipped
 skip_demo.Passes Passed
 skip_demo.PassesAndSkips Passed
-skip_demo.Skips Skipped"
+skip_demo.Skips Skipped
+skip_demo.Then/After Passed"
 # "1/5 Test #1: skip_demo.Passes ........   Passed    0.01 sec" -> "skip_demo.Passes Passed"
 reported=$(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.*[ *]*([A-Za-z]+).*/\1 \2/p' "$build.ctest.log" | sort)
 if [[ $reported != "$expected" ]]; then
@@ -34,4 +35,4 @@ if [[ $reported != "$expected" ]]; then
   cat "$build.ctest.log"
   exit 1
 fi
-echo "check.sh: $version: a skipped suite reads as skipped, a failure as failed (5 suites as expected)"
+echo "check.sh: $version: a skipped suite reads as skipped, a failure as failed (6 suites as expected)"
