@@ -222,7 +222,8 @@ void fa1_backward_launch(const AttnProblem& p, const AttnBwdTensors& t, Blocks b
 
   const size_t smem = BwdSmemLayout{a.Br, a.Bc, kHeadDim, int(sizeof(T))}.bytes();
   auto kernel = fa1_backward_kernel<T, kHeadDim>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem(kernel, smem, "04_fa1_tiled backward (d = " + std::to_string(kHeadDim) + ", B_r = " +
+                                       std::to_string(a.Br) + ", B_c = " + std::to_string(a.Bc) + ")");
 
   float* dQ_acc = static_cast<float*>(t.workspace);  // line 6: dQ = (0)
   CUDA_CHECK(cudaMemsetAsync(dQ_acc, 0, size_t(p.q_elems()) * sizeof(float), stream));

@@ -25,6 +25,7 @@
 
 #include "04_fa1_tiled/fa1_tiled.cuh"
 #include "common/check.h"
+#include "common/smem_limit.h"
 #include "common/device_math.cuh"
 #include "common/dtype.cuh"
 
@@ -303,7 +304,8 @@ void fa1_launch(const AttnProblem& p, const AttnTensors& t, Blocks blocks, cudaS
 
   const size_t smem = SmemLayout{a.Br, a.Bc, kHeadDim, int(sizeof(T))}.bytes();
   auto kernel = fa1_kernel<T, kHeadDim>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem(kernel, smem, "04_fa1_tiled (d = " + std::to_string(kHeadDim) + ", B_r = " +
+                                       std::to_string(a.Br) + ", B_c = " + std::to_string(a.Bc) + ")");
 
   // workspace: O (fp32, [B,H,Nq,d]), then l, then m (fp32, [B,H,Nq])
   float* O_acc = static_cast<float*>(t.workspace);

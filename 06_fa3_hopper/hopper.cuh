@@ -20,6 +20,7 @@
 #include "06_fa3_hopper/wgmma_ops.cuh"
 #include "common/check.h"
 #include "common/device_math.cuh"
+#include "common/smem_limit.h"
 #include "common/stage.h"
 
 namespace attn::hopper {
@@ -79,7 +80,7 @@ int configure_kernel(int threads, size_t smem_bytes) {
   CUDA_CHECK(cudaGetDevice(&device));
   if (device < kDevices)
     if (const int n = ctas_per_sm[device].load(std::memory_order_relaxed); n > 0) return n;
-  CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  allow_dynamic_smem(kKernel, smem_bytes, "06_fa3_hopper: a kernel of " + std::to_string(threads) + " threads");
   int n = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, smem_bytes));
   n = n > 1 ? n : 1;

@@ -2,7 +2,20 @@
 # Installs (or reports) what the build and the tests need besides the CUDA toolkit:
 # CMake >= 3.25, Ninja, GoogleTest, Python 3 with matplotlib and pytest, cuobjdump. Uses apt and
 # pip only.
+#
+#   scripts/install_deps.sh [--cmake4]
+#
+#   --cmake4  also the newest CMake from PyPI, in a virtual environment at .deps/cmake4
+#             (.deps/cmake4/bin/cmake): CI checks the tests' registration with it as well as
+#             with the system's CMake (.ci/run)
 set -euo pipefail
+
+want_cmake4=0
+case ${1:-} in
+  --cmake4) want_cmake4=1 ;;
+  "") ;;
+  *) echo "install_deps: unknown argument '$1' (--cmake4 or nothing)" >&2; exit 1 ;;
+esac
 
 need_apt=()
 command -v ninja >/dev/null || need_apt+=(ninja-build)
@@ -41,5 +54,21 @@ cmake_version=$(cmake --version | head -1 | awk '{print $3}')
 if [ "$(printf '%s\n' 3.25 "$cmake_version" | sort -V | head -1)" != 3.25 ]; then
   echo "install_deps: CMake $cmake_version is older than 3.25 (python3 -m pip install cmake gives a newer one)" >&2
   exit 1
+fi
+
+if [ $want_cmake4 -eq 1 ]; then
+  deps=$(cd "$(dirname "$0")/.." && pwd)/.deps
+  if [ ! -x "$deps/cmake4/bin/cmake" ]; then
+    echo "install_deps: installing the newest CMake from PyPI into $deps/cmake4"
+    mkdir -p "$deps"
+    if python3 -m venv "$deps/cmake4" 2>/dev/null; then
+      "$deps/cmake4/bin/pip" install --quiet cmake
+    else  # no ensurepip (Debian without python3-venv): the wheel's files, its bin/ linked
+      rm -rf "$deps/cmake4"
+      python3 -m pip install --quiet --target "$deps/cmake4/site" cmake
+      ln -s site/cmake/data/bin "$deps/cmake4/bin"
+    fi
+  fi
+  echo "install_deps: $("$deps/cmake4/bin/cmake" --version | head -1) at $deps/cmake4/bin"
 fi
 echo "install_deps: ok (cmake $cmake_version, $(nvcc --version | tail -1))"
