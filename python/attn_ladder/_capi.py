@@ -18,6 +18,7 @@ import ctypes
 import math
 import os
 import pathlib
+import threading
 
 import torch
 
@@ -78,6 +79,34 @@ class _Problem(ctypes.Structure):
 
 
 _lib = None
+
+# The current stream's cudaStream_t as an int, without building a torch.cuda.Stream object
+# (what torch.compile's generated code calls); torch.cuda.current_stream() where it is absent.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+_local = threading.local()  # one error buffer per thread, reused call after call
+
+
+def _stream(device):
+    return _RAW_STREAM(device.index) if _RAW_STREAM else torch.cuda.current_stream(device).cuda_stream
+
+
+def _err():
+    """This thread's error buffer, emptied (the library writes a message only on failure)."""
+    err = getattr(_local, "err", None)
+    if err is None:
+        err = _local.err = ctypes.create_string_buffer(_ERR_LEN)
+    err[0] = b"\0"
+    return err
+
+
+def _on_device(device, call, *args):
+    """call(*args) with `device` current (the library runs on the current CUDA device); no
+    device switch, the usual case, when it already is."""
+    if _CURRENT_DEVICE is not None and _CURRENT_DEVICE() == device.index:
+        return call(*args)
+    with torch.cuda.device(device):
+        return call(*args)
 
 
 def library_path():
@@ -202,7 +231,7 @@ def _check_inputs(q, k, v):
             raise ValueError(f"{name} must be bfloat16, float16 or float8_e4m3fn, got {t.dtype}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous [B, H, N, d] (call .contiguous())")
-        if any(s > _INT32_MAX for s in t.shape):
+        if max(t.shape) > _INT32_MAX:
             raise ValueError(f"{name} has a dimension above 2^31 - 1: {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -301,30 +330,29 @@ def run(rung, q, k, v, causal=False, scale=None, return_lse=False, fp8=False, de
         lse_shape = (B, H, Nq)
         lse = (torch.empty(lse_shape, dtype=torch.float32, device=q.device) if rung_info(rung)["writes_lse"]
                else torch.full(lse_shape, float("nan"), dtype=torch.float32, device=q.device))
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    rung_c = rung.encode()
-    need = ctypes.c_size_t(0)
-    with torch.cuda.device(q.device):  # the library runs on the current CUDA device (sizes too)
+    err, rung_c, need = _err(), rung.encode(), ctypes.c_size_t(0)
+
+    def launch():
         _raise_unless_ok(lib.attn_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err, _ERR_LEN),
                          rung, err)
         # The workspace comes from PyTorch's caching allocator on the current stream, and the
         # launch is only enqueued: no cudaMalloc, no synchronization.
         workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
-        stream = torch.cuda.current_stream(q.device).cuda_stream
         tail = (
             o.data_ptr(),
             lse.data_ptr() if lse is not None else None,
             workspace.data_ptr() if workspace is not None else None,
             need.value,
-            stream,
+            _stream(q.device),
             err,
             _ERR_LEN,
         )
         if e4m3:
-            rc = lib.attn_run_fp8_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                        *(t.data_ptr() for t in descale), *tail)
-        else:
-            rc = lib.attn_run_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(), *tail)
+            return lib.attn_run_fp8_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                          *(t.data_ptr() for t in descale), *tail)
+        return lib.attn_run_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(), *tail)
+
+    rc = _on_device(q.device, launch)  # sizes too depend on the device (05_fa2_decode's SM count)
     _raise_unless_ok(rc, rung, err)
     return (o, lse) if return_lse else o
 
@@ -368,17 +396,20 @@ def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
         raise AttnLadderError(_INVALID_INPUT, f"attn_ladder '{rung}': this library has no backward pass")
     Hkv, Nk = k.shape[1], k.shape[2]
     problem = _Problem(B, H, Hkv, Nq, Nk, d, int(bool(causal)), _DTYPE_CODES[q.dtype], float(scale or 0.0))
-    err, rung_c, need = ctypes.create_string_buffer(_ERR_LEN), rung.encode(), ctypes.c_size_t(0)
+    err, rung_c, need = _err(), rung.encode(), ctypes.c_size_t(0)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    with torch.cuda.device(q.device):
+
+    def launch():
         _raise_unless_ok(lib.attn_backward_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err,
                                                            _ERR_LEN), rung, err)
         workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        rc = lib.attn_run_backward_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                         o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
-                                         dv.data_ptr(), workspace.data_ptr() if workspace is not None else None,
-                                         need.value, stream, err, _ERR_LEN)
+        return lib.attn_run_backward_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                           o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(),
+                                           dk.data_ptr(), dv.data_ptr(),
+                                           workspace.data_ptr() if workspace is not None else None, need.value,
+                                           _stream(q.device), err, _ERR_LEN)
+
+    rc = _on_device(q.device, launch)
     _raise_unless_ok(rc, rung, err)
     return dq, dk, dv
 
