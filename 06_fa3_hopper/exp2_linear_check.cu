@@ -1,5 +1,5 @@
 // exp2_e4m3_linear_on_gpu, e4m3_linear_grid_on_gpu (fa3_fp8.h): the FP8 softmax's
-// integer-ALU 2^x, called on the GPU as online_softmax calls it (fp8c_fa3.cuh), so that a
+// integer-ALU 2^x, called on the GPU as online_softmax calls it (fp8h_fa3.cuh), so that a
 // test can check its bytes and compare them with the host's arithmetic.
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "common/check.h"

@@ -1,5 +1,5 @@
 // Plumbing that every step of rung 06 runs the same way (06a_tma_wgmma.cuh ... 06d_fa3.cuh,
-// fp8c_fa3.cuh), kept here once because no step changes it, so that a diff between two step
+// fp8h_fa3.cuh), kept here once because no step changes it, so that a diff between two step
 // files shows only what that step changes: the kernel parameters, how a CTA numbers its
 // tiles, the accumulator's fragment layout, the masks, the output write and the tile
 // timeline's hooks. The loads, GEMMs, softmax and loops are in the step files.

@@ -4,7 +4,7 @@
 // One launch = two steps on the stream:
 //   1. the quantization pre-kernel (fp8_quantize.cuh): bf16 Q, K, V -> e4m3 Q̂, K̂, V̂ (rows,
 //      as they are stored) plus fp32 scales, into the workspace;
-//   2. the attention kernel (fp8c_fa3.cuh): 06d's kernel on e4m3 tiles, bf16 O. Its producer
+//   2. the attention kernel (fp8h_fa3.cuh): 06d's kernel on e4m3 tiles, bf16 O. Its producer
 //      transposes each V̂ block in shared memory (QGMMA reads V K-major only: V̂ᵀ).
 // The ablation 06_fp8_vt_hbm keeps the earlier split: the pre-kernel writes V̂ᵀ to HBM.
 #pragma once
@@ -22,7 +22,7 @@
 namespace attn::fa3 {
 
 // Where V̂ᵀ, the K-major B operand of the P V QGMMA, is made, and in which key order
-// (fp8c_fa3.cuh: transpose_v, to_operand):
+// (fp8h_fa3.cuh: transpose_v, to_operand):
 //   in_kernel               the producer warpgroup turns each TMA-loaded V̂ block around in
 //                           shared memory and writes its keys in wgmma_key_position's order,
 //                           the order P's accumulator layout already has: no shuffle (FA3's
@@ -43,7 +43,7 @@ struct Fp8Options {
 // The head dims with an FP8 kernel, kFp8HeadDims: fa3_head_dims.h, generated from
 // CMakeLists.txt's list (included by fa3_launch.h).
 
-// Tiles of the FP8 kernel (fp8c_fa3.cuh explains each choice).
+// Tiles of the FP8 kernel (fp8h_fa3.cuh explains each choice).
 constexpr int kFp8QBlockRows = 64;  // rows per Q scale = rows per consumer warpgroup
 // B_c: keys per K/V block = rows per K and V scale. 192 at d = 128 (S then takes 96
 // registers beside O's 64 and P's 24); 128 at d = 64, whose three consumer warpgroups have
@@ -102,7 +102,7 @@ constexpr float hadamard_sign(int col) {
 }
 
 // Wgmma A-operand column -> key inside a group of 32 keys, where V̂ᵀ's keys are permuted
-// (Fp8VPath::in_kernel, in_hbm; fp8c_fa3.cuh: to_operand): key 8a + 2t + b (+16h)
+// (Fp8VPath::in_kernel, in_hbm; fp8h_fa3.cuh: to_operand): key 8a + 2t + b (+16h)
 // of V is stored at position 4t + 2a + b (+16h) of V̂ᵀ.
 constexpr int wgmma_key_position(int key) {
   const int half = key & 16, a = (key >> 3) & 1, t = (key >> 1) & 3, b = key & 1;

@@ -1,6 +1,6 @@
 // The FP8 path on e4m3 inputs (FlashAttention-3's interface), host-side view: the caller
 // holds Q, K, V in e4m3 with their dequantization scales ("descales", AttnTensors) in the
-// attention kernel's block layout, and this path runs that kernel (fp8c_fa3.cuh) on them
+// attention kernel's block layout, and this path runs that kernel (fp8h_fa3.cuh) on them
 // unchanged. None of the bf16 path's pre-kernel (fp8_quantize.cuh) runs: the kernel's
 // producer transposes V̂ in shared memory (fp8_e4m3_inputs.cuh). Shared by stages.cu (the stage
 // 06_fp8_e4m3) and the kernel instances (fp8_fa3.cu.in).

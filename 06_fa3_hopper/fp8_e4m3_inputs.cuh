@@ -1,5 +1,5 @@
 // Rung 06's FP8 forward on e4m3 inputs (fa3_fp8_e4m3.h): the caller's Q8, K8, V8 and
-// descales, the attention kernel of fp8c_fa3.cuh unchanged, and nothing else: one launch.
+// descales, the attention kernel of fp8h_fa3.cuh unchanged, and nothing else: one launch.
 // Its tensor maps read Q8, K8 and V8 in place (the [heads, N, d] layout of the bf16 path's
 // Q̂, K̂ and V̂), its producer transposes each V8 block in shared memory as on that path
 // (transpose_v), and its scales are the caller's descales.
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "06_fa3_hopper/fa3_fp8_e4m3.h"
-#include "06_fa3_hopper/fp8c_fa3.cuh"
+#include "06_fa3_hopper/fp8h_fa3.cuh"
 
 namespace attn::fa3 {
 

@@ -12,7 +12,7 @@
 //                         (1, 2 or 3 for d = 64, 128, 256), the last five across lanes;
 //   V                     rounded as K is, without the Hadamard transform, and stored as
 //                         rows: the attention kernel's producer transposes each block in
-//                         shared memory (fp8c_fa3.cuh: transpose_v). For the ablation
+//                         shared memory (fp8h_fa3.cuh: transpose_v). For the ablation
 //                         06_fp8_vt_hbm (Fp8VPath::in_hbm) the pre-kernel writes V̂ᵀ instead,
 //                         [head][d][key], keys contiguous (QGMMA reads B K-major only), in
 //                         wgmma_key_position's order inside every 32 keys, so that P, as the
@@ -171,7 +171,7 @@ __device__ inline float block_inv_scale(QuantPass pass, float block_amax, const 
   }
   const float amax = pass == QuantPass::tensor_amax ? *a.tensor_amax : block_amax;  // LAB:BEGIN fp8.block_scale
   // An all-zero block keeps scale 1; no scale is subnormal (the attention kernel divides two
-  // of them with __fdividef at d = 64: fp8c_fa3.cuh, Config::kFastScaleRatio).
+  // of them with __fdividef at d = 64: fp8h_fa3.cuh, Config::kFastScaleRatio).
   const float scale = amax > 0.f ? fmaxf(amax / kE4m3Max, FLT_MIN) : 1.f;
   if (threadIdx.x == 0) a.scale[block] = scale;
   return 1.f / scale;  // LAB:END

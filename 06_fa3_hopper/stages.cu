@@ -1,5 +1,5 @@
 // Registers rung 06's steps: 06a_tma_wgmma.cuh, 06b_warp_specialized.cuh, 06c_pingpong.cuh,
-// 06d_1_overlap.cuh, 06d_2_lazy_softmax.cuh, 06d_fa3.cuh (and its ablations) and the FP8 path (fp8c_fa3.cuh; on e4m3 inputs,
+// 06d_1_overlap.cuh, 06d_2_lazy_softmax.cuh, 06d_fa3.cuh (and its ablations) and the FP8 path (fp8h_fa3.cuh; on e4m3 inputs,
 // fp8_e4m3_inputs.cuh), each kernel instantiated once per (head dim, dtype) by the generated
 // instance files (CMakeLists.txt), for the head dims of the generated fa3_head_dims.h.
 #include <cuda_bf16.h>

@@ -19,7 +19,7 @@
 // instructions and stores per tile: compare its time with attn_bench's row.
 #define FA3_TIMELINE
 #include "06_fa3_hopper/06d_fa3.cuh"
-#include "06_fa3_hopper/fp8c_fa3.cuh"
+#include "06_fa3_hopper/fp8h_fa3.cuh"
 
 #include <algorithm>
 #include <cstdio>

@@ -758,9 +758,9 @@ def fig_fp8_timeline(path):
 @figure("06_fa3_hopper/figures/fp8_layouts.png")
 def fig_fp8_layouts(path):
     """V̂ᵀ's key order (wgmma_key_position) and P's packing into the e4m3 A operand."""
-    src = source("06_fa3_hopper/fp8c_fa3.cuh")
+    src = source("06_fa3_hopper/fp8h_fa3.cuh")
     if "16h + {2t, 2t+1, 8+2t, 9+2t}" not in src:
-        raise RuntimeError("fp8c_fa3.cuh: the key order comment moved: update scripts/figures.py")
+        raise RuntimeError("fp8h_fa3.cuh: the key order comment moved: update scripts/figures.py")
     pos = {}
     for t in range(4):  # quad lane t: keys {2t, 2t+1, 8+2t, 9+2t} at positions 4t..4t+3 (per 16 keys)
         for q, key in enumerate((2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t)):
@@ -792,7 +792,7 @@ def fig_fp8_layouts(path):
         y = 2.5 - k * 1.15
         box(ax, -3.1, y, 5.8, 0.9, name, color=col, fs=8.5)
         ax.text(3.1, y + 0.45, what, fontsize=8.5, va="center")
-    ax.set_title("e4m3 operands of the two GEMMs (fp8c_fa3.cuh, fp8.md: The layouts)", fontsize=9.5)
+    ax.set_title("e4m3 operands of the two GEMMs (fp8h_fa3.cuh, fp8.md: The layouts)", fontsize=9.5)
     save(fig, path)
 
 

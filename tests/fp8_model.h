@@ -176,7 +176,7 @@ inline void expect_exp2_e4m3_linear_bytes(const Exp2E4m3Points& p, const std::ve
 
 // ---------------------------------------------------------------------------------------
 // The whole FP8 forward on the host, step by step as the pre-kernel (fp8_quantize.cuh) and
-// the attention kernel (fp8c_fa3.cuh) take it, in double, each rounding switchable: where
+// the attention kernel (fp8h_fa3.cuh) take it, in double, each rounding switchable: where
 // O's error comes from (tests/test_cpu.cpp, Fp8Model.*; the GPU test
 // Fp8PeakedSoftmaxIsTheModelsAndWithinItsBound compares the kernels with it). Not modelled:
 // the QGMMA's accumulation, which keeps fewer bits than fp32 (far below e4m3's steps).
@@ -245,7 +245,7 @@ inline void quantize_model(std::vector<double>& x, int64_t heads, int64_t N, int
 }
 
 // Whether column `col` of a K/V block takes its 2^x by exp2_e4m3_linear at d <= 128
-// (fp8c_fa3.cuh: linear_exp_pair with kLinearExps = 6, V̂ᵀ's keys permuted): column col is
+// (fp8h_fa3.cuh: linear_exp_pair with kLinearExps = 6, V̂ᵀ's keys permuted): column col is
 // pair col / 8 of its thread's entries, and 6 of every 8 pairs go that way. (With the keys
 // in order other pairs go, as many: the error is the same, not every P bit for bit.)
 inline bool fp8_linear_exp_column(int col) {
@@ -253,7 +253,7 @@ inline bool fp8_linear_exp_column(int col) {
   return 2 * (reg % 2 * 2 + reg / 2) + pair % 2 < 6;
 }
 
-constexpr float kFp8POffsetLog2 = 8;  // P = 2^8 exp(S - m): fp8c_fa3.cuh, Config::kPOffsetLog2
+constexpr float kFp8POffsetLog2 = 8;  // P = 2^8 exp(S - m): fp8h_fa3.cuh, Config::kPOffsetLog2
 
 struct Fp8ModelOutput {
   std::vector<double> o;    // [B, H, Nq, d]

@@ -150,7 +150,7 @@ TEST_F(Gpu, SanitizeFp8PreKernelManyBlocksPerCta) {
     }
 }
 
-// The producer's transpose (fp8c_fa3.cuh: transpose_v) against the pre-kernel's: the three
+// The producer's transpose (fp8h_fa3.cuh: transpose_v) against the pre-kernel's: the three
 // V paths (Fp8VPath) on the same bf16 inputs, whose pre-kernels round Q, K, V to the same
 // bytes and scales. With V̂ᵀ's keys in the same order (06_fp8, 06_fp8_vt_hbm) every QGMMA
 // gets the same operands, so O and lse must agree bit for bit: each byte of the in-kernel

@@ -217,7 +217,7 @@ TEST_F(Gpu, ScoresJumpingPastTheRunningMaxRecomputeExactly) {
 }
 
 // Rows whose scores are all negative, in every block: the FP8 kernel takes a block's row max
-// on the integer ALU (fp8c_fa3.cuh: block_max), which is exact only where a row has a
+// on the integer ALU (fp8h_fa3.cuh: block_max), which is exact only where a row has a
 // score >= 0 or a running max >= 0 already; here the float max must be taken instead. With
 // the integer one a row's max would be its least score, and in FP8 (small scores only: e4m3
 // keeps a score to ~6 %) the keys more than 0.56 nats above it would saturate P at 448. The
@@ -230,7 +230,7 @@ TEST_F(Gpu, NegativeScoresTakeTheFloatMax) {
 }
 
 // V's block scales in FP8: O_i is kept in units of the last V block's scale and moved to
-// V_j's with each block's rescale (alpha * v_scale_(j-1) / v_scale_j, fp8c_fa3.cuh:
+// V_j's with each block's rescale (alpha * v_scale_(j-1) / v_scale_j, fp8h_fa3.cuh:
 // BlockScales::rescale). Here V's rows swing by 2^+-2 along the keys (sin(j / 60)), so
 // neighbouring blocks' scales differ by 2^0.3 to 2^2.6 either way, while the scores climb
 // 2.6 nats over the 1000 keys (every block moves each row's max a little). A ratio applied

@@ -1,15 +1,34 @@
-// Rung 06's FP8 forward, step b of three (fp8.md): fp8a_e4m3_gemms.cuh with V̂ᵀ made in
-// the kernel (scripts/step_diff.sh fp8a fp8b). The pre-kernel writes V̂ as V is stored,
-// rows of keys, and the producer warpgroup's warps 1-3 turn each TMA-loaded block V̂_j
-// around in shared memory into a V̂ᵀ ring (transpose_v: ldmatrix.trans, byte permutes,
-// stmatrix) while warp 0 issues the copies. As FA3 does for row-major V, the keys go in the
-// order P's accumulator already has, so P needs no shuffle (to_operand). Variants
-// (Fp8VPath, fa3_fp8.h): keys in order with P's registers permuted across each quad (byte
-// permutes and two shuffles: permute_quad), and fp8a's V̂ᵀ from HBM. The rings get a third
-// stage (an FP8 block computes in half the time of a bf16 one).
+// Rung 06's FP8 forward (FlashAttention-3 §3.3), the last of eight steps (fp8.md): 06d's
+// kernel on e4m3 tiles (scripts/step_diff.sh 06d fp8a, fp8a fp8b, ..., fp8g fp8h). In all:
 //
-// Not built: the literal intermediate between fp8a_e4m3_gemms.cuh and fp8c_fa3.cuh, compiled
-// for d = 128 by fp8_steps_check.cu (a compile-only check); the stages run fp8c_fa3.cuh.
+//   - both GEMMs are QGMMA (wgmma ...k32.f32.e4m3.e4m3): 32 keys or dims per instruction;
+//   - QGMMA reads its shared-memory B operand K-major only, so P V needs V̂_jᵀ (keys
+//     contiguous): the producer warpgroup's warps 1-3 turn each TMA-loaded block V̂_j around
+//     in shared memory into a V̂ᵀ ring (transpose_v: ldmatrix.trans, byte permutes,
+//     stmatrix), while warp 0 issues the copies. As FA3 does for row-major V, the keys go
+//     in the order P's accumulator already has, so P needs no shuffle (to_operand).
+//     Ablations (Fp8VPath, fa3_fp8.h): keys in order with P's registers permuted across
+//     each quad (byte permutes and two shuffles), and V̂ᵀ made by the pre-kernel in HBM;
+//   - a Q̂ or K̂ row is d bytes: at d = 64 half a 128-byte swizzle row, so those tiles use
+//     the 64-byte swizzle; V̂ᵀ rows are B_c keys, 64-byte chunks at d = 128 (Fp8Layout);
+//   - S_ij is dequantized inside the softmax: scores = q_scale * k_scale_j * (Q̂_i K̂_jᵀ),
+//     the product folded into the exponent's scale (no extra pass over S);
+//   - P_ij is multiplied by 2^8 before rounding to e4m3 (FA3's max offset: the largest
+//     P is 256, so small probabilities stay normal numbers); l_i carries the same factor;
+//   - V's block scale: O_i is kept in units of the current block's v_scale_j, converted
+//     with the rescale that the online softmax does anyway (alpha * v_scale_(j-1) / v_scale_j),
+//     so O_i is rescaled every block (no lazy rescaling) and the max is taken first;
+//   - at d = 64 and 128 the P V QGMMA also sums P's rows (Fp8Layout::kRowSumColumn: V̂ᵀ in
+//     shared memory has a row of ones after its d rows), so the softmax adds no row sums;
+//   - the row maxima on the integer ALU's three-input max (block_max);
+//   - at d <= 128 6 of every 8 pairs of exponentials by exp2_e4m3_linear (common/exp2_linear.h:
+//     2^x to within 4 % before e4m3's rounding, straight to P's e4m3 byte by an FFMA and a
+//     clamp, which byte permutes put in place), the rest on the MUFU and converted (F2FP);
+//   - rings: K̂ and V̂ᵀ three deep, V̂ two at d >= 128; all two deep at d = 256; no CTA pairs.
+//
+// One launch runs the quantization pre-kernel (fp8_quantize.cuh) and then this kernel
+// (launch_fp8, fa3_fp8.h); on e4m3 inputs the kernel alone (fp8_e4m3_inputs.cuh). Included
+// only by the generated instance files (fp8_fa3.cu.in) and bench/tile_timeline.cu.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,8 +36,9 @@
 
 #include "06_fa3_hopper/fa3_common.cuh"
 #include "06_fa3_hopper/fa3_fp8.h"
+#include "06_fa3_hopper/fp8_quantize.cuh"
 
-namespace attn::fa3::fp8b {
+namespace attn::fa3::fp8 {
 
 using E4m3 = __nv_fp8_e4m3;
 
@@ -32,13 +52,21 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
   static constexpr bool kPingpong = D <= 128;
   // Where the softmax runs against the P V issued before it (overlapped_blocks): all of it
   // under the P V at d = 256; all of it after the P V's wait at d = 128; at d = 64 where
-  // ptxas puts the wait.
+  // ptxas puts the wait, after block_max's branch, so the row maxima under the P V and the
+  // exponentials after.
   static constexpr bool kSoftmaxUnderPv = D == 256;
   static constexpr bool kPvWaitFirst = D == 128;
+  // V's scale ratio in BlockScales::rescale by __fdividef (MUFU.RCP and a multiply) instead
+  // of the IEEE division (a check and a branch to a slow path, between the softmax and O's
+  // rescale): faster at d = 64 only. __fdividef(x, y) is exact to 2 ulp for a normal y
+  // below 2^126: the pre-kernel keeps every scale >= FLT_MIN, and a bf16 amax / 448 stays
+  // below 2^120.
+  static constexpr bool kFastScaleRatio = D == 64;
+  // Most of the softmax's exponentials off the MUFU at d <= 128 (exp2_e4m3_linear: 2^x as
+  // P's e4m3 byte, on the FMA pipe and the integer ALU; online_softmax, to_operand). At
+  // d = 256 l_i sums P in fp32 (no row-sum column): bytes cannot be summed.
+  static constexpr int kLinearExps = D <= 128 ? 6 : 0;  // pairs of every 8
   static constexpr int kPOffsetLog2 = 8;  // P = 2^8 exp(S - m): up to 256 of e4m3's 448
-  // No row-sum column yet (fp8c_fa3.cuh adds it): the P V's N is d, l_i sums P in fp32.
-  static constexpr bool kRowSumColumn = false;
-  static constexpr int kPvCols = D;
 
   static constexpr int kWgThreads = 128;
   // Consumer warpgroups of 64 query rows each: three at d = 64 (O is 32 registers, so 160
@@ -73,8 +101,8 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
 
   static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
   static_assert(kWarpgroupRows * D % 1024 == 0 && B_c * D % 1024 == 0, "every tile starts on a whole swizzle atom");
-  static_assert(kPvCols * Fp8Layout<D>::kVtChunkKeys % Fp8Layout<D>::kVtAtomBytes == 0,
-                "every V̂ᵀ column chunk starts on a whole swizzle atom");
+  static_assert(Fp8Layout<D>::kPvCols * Fp8Layout<D>::kVtChunkKeys % Fp8Layout<D>::kVtAtomBytes == 0,
+                "every V̂ᵀ column chunk, with the row-sum column's rows, starts on a whole swizzle atom");
   static_assert(kTransposeV || (kVStages == kStages && kVtStages == kStages), "in_hbm, V̂ᵀ is V̂'s TMA ring");
   static_assert(kWgThreads == 128 && setmaxnreg_budgets_fit(kConsumers, kProducerRegs, kConsumerRegs),
                 "the consumers' registers must come from the producer's");
@@ -163,7 +191,8 @@ __device__ void load_k(void* tile, const CUtensorMap* map, int j, int kv_head, u
 
 // V̂_j into ring stage `stage`: its rows into the transpose's input ring (as K̂_j), or
 // (in_hbm) the pre-kernel's V̂_jᵀ straight into the V̂ᵀ ring, one box of d rows x
-// kVtChunkKeys keys per column chunk.
+// kVtChunkKeys keys per column chunk (whose rows d .. d + 7, with the row-sum column, hold
+// init_row_sum_rows's constants and are never loaded).
 template <class Cfg, class Smem>
 __device__ void load_v(Smem& s, const Params& p, const Tile& t, int stage, int j) {
   if constexpr (Cfg::kTransposeV) {
@@ -437,7 +466,9 @@ __device__ void gemm_qk(float (&S)[Cfg::B_c / 2], const E4m3* Q_i, const E4m3* K
 }
 
 // O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([kPvCols rows][B_c keys]:
-// its own swizzle, not Q̂'s and K̂'s); each K step moves 32 B along the row.
+// its own swizzle, not Q̂'s and K̂'s); each K step moves 32 B along the row. With the
+// row-sum column (kPvCols = d + 8) the same instructions also add rowsum(P̂_ij) to O_i's
+// column d.
 template <class Cfg>
 __device__ void gemm_pv(float (&O)[Cfg::kPvCols / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4], const E4m3* Vt_j) {
   const uint64_t vt_desc = make_smem_desc(Vt_j, /*unused*/ 16, Cfg::kVtAtomBytes, Cfg::kVtSwizzle);
@@ -450,6 +481,28 @@ __device__ void gemm_pv(float (&O)[Cfg::kPvCols / 2], const uint32_t (&P)[Cfg::B
         /*accumulate=*/1);
   wgmma_commit();
   pin_registers(O);
+}
+
+// The row-sum column's constant rows of every V̂ᵀ ring stage and column chunk, once per CTA:
+// row d all e4m3 1.0 (0x38), rows d + 1 .. d + 7 zero. Row d starts an 8-row swizzle atom,
+// so the swizzle only permutes 16-byte pieces inside each of these rows, all alike. Every
+// thread of the CTA takes a share; the fence hands the writes to the wgmma (async proxy),
+// and init_barriers' __syncthreads to every warp.
+template <class Cfg, int D, class Smem>
+__device__ void init_row_sum_rows(Smem& s) {
+  if constexpr (Cfg::kRowSumColumn) {
+    constexpr int kPiecesPerRow = Cfg::kVtChunkKeys / 16;  // 16-byte pieces
+    constexpr int kPiecesPerChunk = 8 * kPiecesPerRow;
+    constexpr int kPieces = Cfg::kVtStages * Cfg::kVtChunks * kPiecesPerChunk;
+    constexpr uint32_t kOnes = 0x38383838u;  // four e4m3 1.0
+    for (int i = threadIdx.x; i < kPieces; i += blockDim.x) {
+      const int chunk = i / kPiecesPerChunk, piece = i % kPiecesPerChunk;
+      E4m3* rows = &s.vt[chunk / Cfg::kVtChunks][((chunk % Cfg::kVtChunks) * Cfg::kPvCols + D) * Cfg::kVtChunkKeys];
+      const uint32_t w = piece < kPiecesPerRow ? kOnes : 0u;
+      reinterpret_cast<uint4*>(rows)[piece] = make_uint4(w, w, w, w);
+    }
+    fence_proxy_async_shared();
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -472,6 +525,60 @@ __device__ float row_max(const float (&S)[Cfg::B_c / 2], int slot) {
   return quad_max(v[0]);
 }
 
+// Row `slot`'s max over block S as bits: a float's bits read as a signed int order the
+// floats >= 0 correctly and put every negative float below them, so where the row has a
+// score >= 0 this is the bits of its float max, on the integer ALU's three-input max
+// (VIMNMX3): half the instructions of row_max's tree. Where every score is negative it is
+// a negative int and says only that.
+template <class Cfg>
+__device__ int row_max_bits(const float (&S)[Cfg::B_c / 2], int slot) {
+  constexpr int kN = Cfg::B_c / 4;  // this thread's entries of the row
+  int v[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) v[i] = __float_as_int(S[4 * (i / 2) + 2 * slot + i % 2]);
+#pragma unroll
+  for (int w = 1; w < kN; w *= 3)
+#pragma unroll
+    for (int i = 0; i + w < kN; i += 3 * w)
+      v[i] = i + 2 * w < kN ? max(max(v[i], v[i + w]), v[i + 2 * w]) : max(v[i], v[i + w]);
+  return quad_max(v[0]);
+}
+
+// Both rows' m_blk = max(m_i, rowmax(S_ij) * s_log2), the running max m_i in the
+// exponent's units (s_log2 > 0). From row_max_bits where that is exact: a row with a score
+// >= 0, or any row whose m_i >= 0 already (its scores' max, negative, cannot pass m_i).
+// Otherwise (a row with no score >= 0 yet: all keys masked, or negative scores only) the
+// warp takes row_max's float tree.
+template <class Cfg>
+__device__ void block_max(const float (&S)[Cfg::B_c / 2], const float (&m)[2], float s_log2, float (&m_blk)[2]) {
+  int bits[2];
+  bool exact = true;
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    bits[slot] = row_max_bits<Cfg>(S, slot);
+    exact &= bits[slot] >= 0 || m[slot] >= 0.f;
+  }
+  if (__all_sync(0xffffffffu, exact)) {
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) m_blk[slot] = fmaxf(m[slot], __int_as_float(bits[slot]) * s_log2);
+  } else {
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot) m_blk[slot] = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
+  }
+}
+
+// Whether pair `pair` (entries 2 pair, 2 pair + 1) of a row is among the k of every 8 pairs
+// whose exponentials exp2_e4m3_linear takes (online_softmax). P's operand registers hold
+// two pairs each (to_operand): two converted pairs cost 2 instructions (F2FP, F2FP
+// merging), two pairs of bytes 3 (PRMT), one of each 3, so whole registers go first, the 4
+// of every 8 in the order 0, 2, 1, 3, then for an odd k one pair alone. (With V̂ᵀ's keys in
+// order a register holds pairs 4r' + e and 4r' + e + 2 before permute_quad: the same pairs
+// are taken, at one more instruction per 8 pairs, so that both key orders round the same P.)
+constexpr bool linear_exp_pair(int pair, int k) {
+  const int reg = pair / 2 % 4;
+  return 2 * (reg % 2 * 2 + reg / 2) + pair % 2 < k;
+}
+
 // f(n, S[x]) for each of this thread's entries of row `slot` (Fragment), in column order;
 // n = 0, 1, ..., B_c/4 - 1 is the entry's place among them.
 template <class Cfg, class F>
@@ -489,24 +596,40 @@ __device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
 // times the block's dequantization scales q_scale * k_scale_j (BlockScales); m_i is kept in
 // those units. P_ij and l_i carry the factor 2^8 (kPOffsetLog2). The caller rescales O_i by
 // alpha (and by V's scale ratio), once the in-flight P V has landed.
+//
+// With the row-sum column (d <= 128) l_i is left alone: the P V GEMM sums P's rows. The
+// exponentials of kLinearExps of every 8 pairs of a row's entries (linear_exp_pair) go by
+// exp2_e4m3_linear straight to P's e4m3 bytes (an FFMA and an FMNMX, the line through the
+// powers of two) instead of the MUFU; such an entry holds its byte in its low 8 bits, for
+// to_operand, so it cannot be summed, and m_i is kept on e4m3_linear_grid.
 template <class Cfg>
 __device__ void online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                float s_log2) {
+  constexpr bool kRowSums = !Cfg::kRowSumColumn;
+  static_assert(Cfg::kLinearExps == 0 || !kRowSums, "an entry left as an e4m3 byte cannot be summed");
+  const float s_log2_e4m3 = kE4m3LinearStep * s_log2;
+  float m_blks[2];  // both rows' max(m_i, rowmax(S_ij)) at once (one vote)
+  block_max<Cfg>(S, m, s_log2, m_blks);
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    const float m_new = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
+    float m_new = m_blks[slot];
+    if constexpr (Cfg::kLinearExps > 0) m_new = e4m3_linear_grid(m_new);
     // A row that has seen only masked keys keeps m = -inf; exponentiate against 0 so
     // that exp(-inf - (-inf)) never appears: its P is 0 and alpha is 0.
     const float m_base = m_new == -INFINITY ? 0.f : m_new;
     alpha[slot] = exp2_approx(m[slot] - m_base);
     m[slot] = m_new;
     const float shift = float(Cfg::kPOffsetLog2) - m_base;
+    const float offset_e4m3 = e4m3_linear_offset(shift);
     float row_sum = 0.f;
-    for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) {
-      s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
-      row_sum += s_ij;
+    for_each_in_row<Cfg>(S, slot, [&](int n, float& s_ij) {
+      if (linear_exp_pair(n / 2, Cfg::kLinearExps))
+        s_ij = exp2_e4m3_linear(fmaf(s_ij, s_log2_e4m3, offset_e4m3));
+      else
+        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
+      if constexpr (kRowSums) row_sum += s_ij;
     });
-    l[slot] = alpha[slot] * l[slot] + row_sum;
+    if constexpr (kRowSums) l[slot] = alpha[slot] * l[slot] + row_sum;
   }
 }
 
@@ -550,9 +673,20 @@ __device__ inline void permute_quad(uint32_t lo, uint32_t hi, uint32_t& keys0, u
 //     column-major).
 template <class Cfg>
 __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
+  // A pair that exp2_e4m3_linear took (linear_exp_pair) holds its two bytes in the low 8
+  // bits of its two floats: a byte permute moves them where the register wants them.
+  auto bytes = [](float lo, float hi, uint32_t selector) {
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), selector);
+  };
   // The pairs of groups g0 and g1 of row s as one register of four e4m3 (g0's pair low).
   auto pack = [&](int g0, int g1, int s) {
-    return pack4_e4m3(P[4 * g0 + 2 * s], P[4 * g0 + 2 * s + 1], P[4 * g1 + 2 * s], P[4 * g1 + 2 * s + 1]);
+    const float a = P[4 * g0 + 2 * s], b = P[4 * g0 + 2 * s + 1], c = P[4 * g1 + 2 * s], d = P[4 * g1 + 2 * s + 1];
+    const bool lo_bytes = linear_exp_pair(g0, Cfg::kLinearExps), hi_bytes = linear_exp_pair(g1, Cfg::kLinearExps);
+    if (!lo_bytes && !hi_bytes) return pack4_e4m3(a, b, c, d);
+    // each pair's two bytes in the low half of a register, then the halves joined
+    const uint32_t lo = lo_bytes ? bytes(a, b, 0x0040) : pack2_e4m3_u32(a, b);
+    const uint32_t hi = hi_bytes ? bytes(c, d, 0x0040) : pack2_e4m3_u32(c, d);
+    return __byte_perm(lo, hi, 0x5410);
   };
 #pragma unroll
   for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
@@ -566,6 +700,14 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
         P_op[kk][2 + s] = pack(g + 2, g + 3, s);
       }
     }
+}
+
+// O_i's first d columns, as write_output and rescale take them (the accumulator may have the
+// row-sum column's 8 more).
+template <int D, int N>
+__device__ inline float (&o_columns(float (&O)[N]))[D / 2] {
+  static_assert(N >= D / 2);
+  return *reinterpret_cast<float(*)[D / 2]>(&O[0]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -625,6 +767,11 @@ struct BlockScales {
   float q_log2;     // this warpgroup's q_scale times the softmax scale times log2(e)
   float s_log2 = 0.f, v_scale_next = 0.f;  // block j's, read by begin(j)
   float v_scale_cur;                       // the units O_i is kept in
+  // With the row-sum column: l_i up to the last P V that has landed, in fp32 registers. Each
+  // P V's column d holds one block's rowsum(P̂) and is moved here and zeroed once it lands
+  // (rescale): the QGMMA's accumulation keeps fewer bits than fp32, and l_i summed over all
+  // blocks in the accumulator loses accuracy.
+  float l_landed[2] = {0.f, 0.f};
   __device__ BlockScales(const Params& p_, int kv_base_, float q_scale)
       : p(p_), kv_base(kv_base_), q_log2(q_scale * p_.scale_log2), v_scale_cur(p_.v_scale[kv_base_]) {}
   // Block j's scales, read before its S GEMM is issued (so that the loads overlap the waits).
@@ -632,12 +779,27 @@ struct BlockScales {
     s_log2 = q_log2 * p.k_scale[kv_base + j];
     v_scale_next = p.v_scale[kv_base + j];
   }
-  // O_i *= alpha, and into V_j's units: alpha * v_scale_(j-1) / v_scale_j.
-  __device__ void rescale(float (&O)[D / 2], const float (&alpha)[2]) {
-    const float to_next = v_scale_cur / v_scale_next;
+  // O_i *= alpha, and into V_j's units: alpha * v_scale_(j-1) / v_scale_j. The row-sum
+  // column's block sum joins l_i, which takes alpha alone, and the column starts again at 0.
+  __device__ void rescale(float (&O)[Cfg::kPvCols / 2], const float (&alpha)[2]) {
+    const float to_next = Cfg::kFastScaleRatio ? __fdividef(v_scale_cur, v_scale_next) : v_scale_cur / v_scale_next;
     v_scale_cur = v_scale_next;
     const float o_factor[2] = {alpha[0] * to_next, alpha[1] * to_next};
-    fp8b::rescale<D>(O, o_factor);
+    fp8::rescale<D>(o_columns<D>(O), o_factor);
+    if constexpr (Cfg::kRowSumColumn) {
+#pragma unroll
+      for (int slot = 0; slot < 2; ++slot) {
+        l_landed[slot] = alpha[slot] * (l_landed[slot] + O[D / 2 + 2 * slot]);
+        O[D / 2 + 2 * slot] *= 0.f;  // (an assignment of 0 makes ptxas spill)
+      }
+    }
+  }
+  // After the last P V: l_i, this thread's part (zero but in the first lane of each quad).
+  __device__ void final_row_sums(const float (&O)[Cfg::kPvCols / 2], float (&l)[2]) const {
+    if constexpr (Cfg::kRowSumColumn) {
+      l[0] = l_landed[0] + O[D / 2];
+      l[1] = l_landed[1] + O[D / 2 + 2];
+    }
   }
 };
 
@@ -682,7 +844,7 @@ __device__ void overlapped_blocks(Smem& s, const Params& p, const Tile& t, const
     if constexpr (Cfg::kPvWaitFirst) wgmma_wait<0>();  // the softmax after the P V, all of it
     online_softmax<Cfg>(S, m, l, alpha, scales.s_log2);
     // ptxas schedules the wait below as early as it may, at the top of the softmax's basic
-    // block, and the rest of the softmax then runs after the
+    // block (so below block_max's branch), and the rest of the softmax then runs after the
     // P V instead of under it; the fence keeps it first.
     if constexpr (Cfg::kSoftmaxUnderPv) fence_schedule_after(l[0] + l[1]);
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
@@ -717,7 +879,7 @@ __device__ void consume(Smem& s, const Params& p, const Tile& t, const TurnTakin
   BlockScales<Cfg, D> scales(p, t.kv_head * p.kv_blocks,
                              p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)]);
 
-  float O[Cfg::kPvCols / 2];             // O_i accumulator, in units of scales.v_scale_cur
+  float O[Cfg::kPvCols / 2];             // O_i accumulator, in units of scales.v_scale_cur (+ row sums)
   uint32_t P_op[Cfg::B_c / Cfg::kK][4];  // P_ij as the e4m3 A operand
   float m[2] = {-INFINITY, -INFINITY};   // m_i: running row max (scaled scores, log2 units)
   float l[2] = {0.f, 0.f};               // l_i: running row sum, this thread's columns
@@ -728,13 +890,18 @@ __device__ void consume(Smem& s, const Params& p, const Tile& t, const TurnTakin
     release_q_after(s, t, -1);  // a tile with no visible K/V block never reads Q̂_i
   else
     overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, scales);
+  // With the row-sum column, l_i: the first lane of each quad holds it (column d of rows r
+  // and r + 8), the other three columns d + 2 .. d + 7, zero, so write_output's quad sum
+  // adds zeros to it.
+  scales.final_row_sums(O, l);
+  float (&O_d)[D / 2] = o_columns<D>(O);
   // Back to real units: O_i times the last v_scale, and the 2^8 of P out of O_i and l_i
   // (exact: a power of two), so that write_output's O / l and lse = m + log l hold.
   const float o_units[2] = {scales.v_scale_cur / kPOffset, scales.v_scale_cur / kPOffset};
-  rescale<D>(O, o_units);
+  rescale<D>(O_d, o_units);
   l[0] /= kPOffset;
   l[1] /= kPOffset;
-  write_output<D, __nv_bfloat16>(O, m, l, t.bh, wg_row0, p);
+  write_output<D, __nv_bfloat16>(O_d, m, l, t.bh, wg_row0, p);
   timeline_mark(t.seq, Mark::output_done);
 }
 
@@ -778,6 +945,7 @@ __global__ void __launch_bounds__(Config<D, kV>::kThreads, 1) fa3_forward(const 
   using Smem = SharedStorage<D, kV>;
   extern __shared__ uint8_t smem_raw[];
   Smem& s = aligned_shared<Smem>(smem_raw);
+  init_row_sum_rows<Cfg, D>(s);
   init_barriers<Cfg>(s);
   const int wg = threadIdx.x / Cfg::kWgThreads;
   if (wg == 0) {  // the producer gives registers back; its first warp issues every copy, the others transpose V̂
@@ -862,4 +1030,26 @@ void launch_on_workspace(const AttnProblem& pr, const AttnTensors& tensors, Fp8V
   }
 }
 
-}  // namespace attn::fa3::fp8b
+}  // namespace attn::fa3::fp8
+
+namespace attn::fa3 {
+
+// fa3_fp8.h's launches: the pre-kernel, the attention kernel, and the two in turn.
+template <int D>
+void launch_fp8_quantize(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, cudaStream_t stream) {
+  quantize_inputs<D>(p, t, opt, Fp8Workspace(p, opt.v_path == Fp8VPath::in_hbm), stream);
+}
+
+template <int D>
+void launch_fp8_attention(const AttnProblem& p, const AttnTensors& t, Schedule schedule, cudaStream_t stream) {
+  fp8::launch_on_workspace<D>(p, t, Fp8VPath{}, schedule, stream);
+}
+
+template <int D>
+void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Options& opt, Schedule schedule,
+                cudaStream_t stream) {
+  launch_fp8_quantize<D>(pr, tensors, opt, stream);
+  fp8::launch_on_workspace<D>(pr, tensors, opt.v_path, schedule, stream);
+}
+
+}  // namespace attn::fa3

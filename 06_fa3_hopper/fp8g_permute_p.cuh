@@ -1,22 +1,12 @@
-// Rung 06's FP8 forward, step a of three (fp8.md): 06d's kernel (06d_fa3.cuh) on e4m3 tiles
-// (scripts/step_diff.sh 06d fp8a):
+// Rung 06's FP8 forward, step g (fp8.md): fp8f_transpose_v.cuh with the two other ways to
+// make V̂ᵀ, as ablations (Fp8VPath, fa3_fp8.h; scripts/step_diff.sh fp8f fp8g):
+//   - in_kernel_keys_in_order (`06_fp8_keys_in_order`): the transpose writes V̂ᵀ's keys in
+//     order (V stored column-major, in FA3's terms: other ldmatrix rows and byte-permute
+//     selectors in TransposeLane), so P must move instead: its registers are permuted across
+//     each quad (byte permutes and two shuffles: permute_quad, FA3's permute_Aregs_fp8);
+//   - in_hbm (`06_fp8_vt_hbm`): fp8e's V̂ᵀ, written to HBM by the pre-kernel, loaded by TMA.
 //
-//   - both GEMMs are QGMMA (wgmma ...k32.f32.e4m3.e4m3): 32 keys or dims per instruction;
-//   - QGMMA reads its shared-memory B operand K-major only, so P V needs V̂_jᵀ (keys
-//     contiguous): here the pre-kernel (fp8_quantize.cuh) writes V̂ᵀ to HBM, its keys in the
-//     order P's accumulator already has (wgmma_key_position), and TMA loads it;
-//   - a Q̂ or K̂ row is d bytes: at d = 64 half a 128-byte swizzle row, so those tiles use
-//     the 64-byte swizzle; V̂ᵀ rows are B_c keys, 64-byte chunks at d = 128 (Fp8Layout);
-//   - S_ij is dequantized inside the softmax: scores = q_scale * k_scale_j * (Q̂_i K̂_jᵀ),
-//     the product folded into the exponent's scale (BlockScales: no extra pass over S);
-//   - P_ij is multiplied by 2^8 before rounding to e4m3 (FA3's max offset: the largest
-//     P is 256, so small probabilities stay normal numbers); l_i carries the same factor;
-//   - V's block scale: O_i is kept in units of the current block's v_scale_j, converted
-//     with the rescale that the online softmax does anyway (alpha * v_scale_(j-1) / v_scale_j),
-//     so O_i is rescaled every block: no lazy rescaling or speculative max, no CTA pairs.
-//
-// Not built: the literal intermediate between 06d_fa3.cuh and fp8b_transpose_v.cuh, compiled
-// for d = 128 by fp8_steps_check.cu (a compile-only check); the stages run fp8c_fa3.cuh.
+// Not built: compiled for d = 128 by fp8_steps_check.cu; the stages run fp8h_fa3.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,12 +15,16 @@
 #include "06_fa3_hopper/fa3_common.cuh"
 #include "06_fa3_hopper/fa3_fp8.h"
 
-namespace attn::fa3::fp8a {
+namespace attn::fa3::fp8g {
 
 using E4m3 = __nv_fp8_e4m3;
 
-template <int D>
+template <int D, Fp8VPath kV = Fp8VPath::in_kernel>
 struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (fa3_fp8.h)
+  // Where V̂_jᵀ comes from (Fp8VPath): the producer's transpose of V̂_j's rows (keys in
+  // order, or in wgmma_key_position's), or a TMA copy of the pre-kernel's V̂ᵀ.
+  static constexpr bool kTransposeV = kV != Fp8VPath::in_hbm;
+  static constexpr bool kKeysInOrder = kV == Fp8VPath::in_kernel_keys_in_order;  // P permuted in registers (to_operand)
   // As 06d: ping-pong where the softmax is a large share of the work (d <= 128).
   static constexpr bool kPingpong = D <= 128;
   // Where the softmax runs against the P V issued before it (overlapped_blocks): all of it
@@ -39,7 +33,7 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
   static constexpr bool kSoftmaxUnderPv = D == 256;
   static constexpr bool kPvWaitFirst = D == 128;
   static constexpr int kPOffsetLog2 = 8;  // P = 2^8 exp(S - m): up to 256 of e4m3's 448
-  // No row-sum column yet (fp8c_fa3.cuh adds it): the P V's N is d, l_i sums P in fp32.
+  // No row-sum column yet (fp8h_fa3.cuh adds it): the P V's N is d, l_i sums P in fp32.
   static constexpr bool kRowSumColumn = false;
   static constexpr int kPvCols = D;
 
@@ -53,13 +47,22 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
   // d = 64 and 256. S takes B_c/2 fp32 registers per thread beside O (d/2) and P (B_c/8
   // registers of four e4m3): 96 + 64 + 24 at d = 128.
   using Fp8Layout<D>::B_c;
-  // K̂_j and V̂_jᵀ arrive by TMA in rings of kStages: an FP8 block computes in half the time
-  // of a bf16 one, so a third stage hides the loads better.
-  static constexpr int kStages = 3;
+  // Ring depths. K̂_j arrives by TMA in a ring of kStages, V̂_j in one of kVStages (V̂_jᵀ
+  // from HBM: both kStages): an FP8 block computes in half the time of a bf16 one, so a third
+  // stage hides the loads better. The transpose writes a V̂ᵀ ring of its own, kVtStages
+  // deep, a block or two ahead of the P V; its input ring holds V̂_j only until then, so at
+  // d = 128 it gives a stage to the V̂ᵀ ring (213 KiB in all). At d = 256 the four tiles'
+  // rings fit only two deep (224 KiB).
+  static constexpr int kStages = kTransposeV && D == 256 ? 2 : 3;
+  static constexpr int kVStages = kTransposeV && D >= 128 ? 2 : kStages;
+  static constexpr int kVtStages = !kTransposeV ? kStages : D == 256 ? 2 : 3;
 
   static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D;
-  static constexpr uint32_t kKVBytes = uint32_t(B_c) * D;  // K_j, and V_jᵀ
+  static constexpr uint32_t kKVBytes = uint32_t(B_c) * D;  // K_j, and V_j (or V_jᵀ)
 
+  // The producer warpgroup: warp 0 issues the copies; the others transpose V̂ (transpose_v)
+  // at the producer's register budget, 24 (the consumers take the rest).
+  static constexpr int kTransposeWarps = kTransposeV ? 3 : 0;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr int kWarpsPerWg = kWgThreads / 32;
@@ -69,26 +72,40 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
   static_assert(kWarpgroupRows * D % 1024 == 0 && B_c * D % 1024 == 0, "every tile starts on a whole swizzle atom");
   static_assert(kPvCols * Fp8Layout<D>::kVtChunkKeys % Fp8Layout<D>::kVtAtomBytes == 0,
                 "every V̂ᵀ column chunk starts on a whole swizzle atom");
+  static_assert(kTransposeV || (kVStages == kStages && kVtStages == kStages), "in_hbm, V̂ᵀ is V̂'s TMA ring");
   static_assert(kWgThreads == 128 && setmaxnreg_budgets_fit(kConsumers, kProducerRegs, kConsumerRegs),
                 "the consumers' registers must come from the producer's");
 };
 
+// V̂_j's rows as TMA stores them (laid out as K̂_j), the transpose's input ring; none for
+// Fp8VPath::in_hbm.
+template <int Stages, int Bytes>
+struct VRows {
+  alignas(1024) E4m3 tile[Stages][Bytes];
+};
+template <int Bytes>
+struct VRows<0, Bytes> {};
+
 // Every tile starts on a whole swizzle atom (512 B for the 64-byte swizzle, 1024 B for the
 // 128-byte one): every array below is a whole number of atoms (static_asserts in Config).
-template <int D>
+template <int D, Fp8VPath kV>
 struct alignas(1024) SharedStorage {
-  using Cfg = Config<D>;
+  using Cfg = Config<D, kV>;
   E4m3 q[Cfg::kConsumers][kWarpgroupRows * D];       // Q̂_i, one 64-row block per consumer
   E4m3 k[Cfg::kStages][Cfg::B_c * D];                // K̂_j ring
-  E4m3 vt[Cfg::kStages][Cfg::kPvCols * Cfg::B_c];   // V̂_jᵀ ring: column chunks of [kPvCols][kVtChunkKeys]
+  E4m3 vt[Cfg::kVtStages][Cfg::kPvCols * Cfg::B_c];  // V̂_jᵀ ring: column chunks of [kPvCols][kVtChunkKeys]
+  // V̂_j ring (rows), for transpose_v; empty in_hbm (after the tiles: no tile moves off its atom)
+  VRows<Cfg::kTransposeV ? Cfg::kVStages : 0, Cfg::B_c * D> v;
   uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
-  uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];  // the TMA ring of V̂_jᵀ
+  uint64_t v_full[Cfg::kVStages], v_empty[Cfg::kVStages];  // the TMA ring of V̂_j (or, in_hbm, V̂_jᵀ)
+  uint64_t vt_full[Cfg::kVtStages], vt_empty[Cfg::kVtStages];  // V̂_jᵀ transposed (kTransposeV)
+  int v_stop[Cfg::kVStages];  // set in the V̂ stage after the CTA's last block: the transposers stop
   int unit;  // the unit of the tile whose Q̂_i q_full announces (produce_tiles)
 };
 
 struct Params {
-  // e4m3 [B*H, Nq, d], [B*Hkv, Nk, d], and V̂ᵀ [B*Hkv, d, Nk padded]
+  // e4m3 [B*H, Nq, d], [B*Hkv, Nk, d], and V̂ as K̂ (or, in_hbm, V̂ᵀ [B*Hkv, d, Nk padded])
   CUtensorMap q_map, k_map, v_map;
   __nv_bfloat16* o;
   float* lse;  // may be null
@@ -103,13 +120,20 @@ struct Params {
   int* unit_counter;  // as in fa3_common.cuh's Params
 };
 
-// Ring slot of the CTA's it-th K/V block: stage it mod s, and the parity of the lap.
-template <class Cfg>
-struct Slot {
+// Ring slot of the CTA's it-th K/V block in a ring of `Stages`: stage it mod s, and the
+// parity of the lap. Slot: the K̂ ring; VSlot: V̂'s TMA ring; VtSlot: the V̂ᵀ ring.
+template <int Stages>
+struct RingSlot {
   int stage;
   uint32_t phase;
-  __device__ explicit Slot(int it) : stage(it % Cfg::kStages), phase(uint32_t(it / Cfg::kStages) & 1) {}
+  __device__ explicit RingSlot(int it) : stage(it % Stages), phase(uint32_t(it / Stages) & 1) {}
 };
+template <class Cfg>
+using Slot = RingSlot<Cfg::kStages>;
+template <class Cfg>
+using VSlot = RingSlot<Cfg::kVStages>;
+template <class Cfg>
+using VtSlot = RingSlot<Cfg::kVtStages>;
 
 // ---------------------------------------------------------------------------------------
 // Loads (the producer's side): TMA copies that complete on the stage's "full" barrier.
@@ -134,14 +158,19 @@ __device__ void load_k(void* tile, const CUtensorMap* map, int j, int kv_head, u
     tma_load_3d(chunk0 + c * kChunkBytes, map, c * Cfg::kChunkCols, j * Cfg::B_c, kv_head, full);
 }
 
-// The pre-kernel's V̂_jᵀ into ring stage `stage`, one box of d rows x kVtChunkKeys keys
-// per column chunk.
+// V̂_j into ring stage `stage`: its rows into the transpose's input ring (as K̂_j), or
+// (in_hbm) the pre-kernel's V̂_jᵀ straight into the V̂ᵀ ring, one box of d rows x
+// kVtChunkKeys keys per column chunk.
 template <class Cfg, class Smem>
 __device__ void load_v(Smem& s, const Params& p, const Tile& t, int stage, int j) {
-  mbarrier_arrive_expect_tx(&s.v_full[stage], Cfg::kKVBytes);
-  for (int c = 0; c < Cfg::kVtChunks; ++c)
-    tma_load_3d(&s.vt[stage][c * Cfg::kPvCols * Cfg::kVtChunkKeys], &p.v_map, j * Cfg::B_c + c * Cfg::kVtChunkKeys, 0,
-                t.kv_head, &s.v_full[stage]);
+  if constexpr (Cfg::kTransposeV) {
+    load_k<Cfg>(s.v.tile[stage], &p.v_map, j, t.kv_head, &s.v_full[stage]);
+  } else {
+    mbarrier_arrive_expect_tx(&s.v_full[stage], Cfg::kKVBytes);
+    for (int c = 0; c < Cfg::kVtChunks; ++c)
+      tma_load_3d(&s.vt[stage][c * Cfg::kPvCols * Cfg::kVtChunkKeys], &p.v_map, j * Cfg::B_c + c * Cfg::kVtChunkKeys,
+                  0, t.kv_head, &s.v_full[stage]);
+  }
 }
 
 // The CTA's seq-th tile, unit `unit` (fa3_common.cuh: tile_in_sequence).
@@ -152,11 +181,12 @@ __device__ Tile tile_of_unit(const Params& p, int unit, int seq, int& kv) {
 
 // The producer's loads (warp 0; its lane 0 issues every copy), tile after tile: Q_i once
 // the consumers are done with the last tile's, then K_j and V_j into the rings, each stage
-// reused once every consumer warp released it ("empty" barriers; on the first lap they
-// pass at once). The unit of each tile goes to the consumers in shared memory, announced
-// by Q_i's "full" barrier (its arrival releases the write; their wait acquires it), which
-// after the last unit completes with no copy: the consumers' signal to stop
-// (consume_tiles).
+// reused once every consumer warp (for V̂ rows, every transposing warp) released it
+// ("empty" barriers; on the first lap they pass at once). The unit of each tile goes to the
+// consumers in shared memory, announced by Q_i's "full" barrier (its arrival releases the
+// write; their wait acquires it), which after the last unit completes with no copy: the
+// consumers' signal to stop (consume_tiles). The transposers get theirs in the V̂ ring: one
+// more phase with no copy, v_stop set (transpose_v).
 template <class Cfg, class Smem>
 __device__ void produce_tiles(Smem& s, const Params& p) {
   int kv = 0;
@@ -169,6 +199,14 @@ __device__ void produce_tiles(Smem& s, const Params& p) {
     if (leader) s.unit = unit;
     if (unit >= p.n_units) {
       if (leader) mbarrier_arrive(&s.q_full);
+      if constexpr (Cfg::kTransposeV) {
+        const VSlot<Cfg> end(kv);
+        mbarrier_wait(&s.v_empty[end.stage], end.phase ^ 1);  // read by the transposers (and v_stop with it)
+        if (leader) {
+          s.v_stop[end.stage] = 1;
+          mbarrier_arrive(&s.v_full[end.stage]);
+        }
+      }
       return;
     }
     const Tile t = tile_of_unit<Cfg>(p, unit, seq, kv);
@@ -178,10 +216,169 @@ __device__ void produce_tiles(Smem& s, const Params& p) {
       const Slot<Cfg> slot(t.kv0 + j);
       mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
       if (leader) load_k<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage]);
-      mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
-      if (leader) load_v<Cfg>(s, p, t, slot.stage, j);
+      const VSlot<Cfg> v_slot(t.kv0 + j);
+      mbarrier_wait(&s.v_empty[v_slot.stage], v_slot.phase ^ 1);
+      if (leader) load_v<Cfg>(s, p, t, v_slot.stage, j);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// V̂_j -> V̂_jᵀ in shared memory (the producer's warps 1-3; FA3 §3.3's in-kernel transpose).
+//
+// QGMMA has no transposing load for 8-bit operands, and ldmatrix / stmatrix move 16-bit
+// elements, so the transpose takes two steps. A unit is 16 keys x 32 dims:
+//   1. ldmatrix.x4.trans reads four 8 x 16-byte matrices of V̂_j's rows (X, Y for dims
+//      0-15, X', Y' for dims 16-31), each lane naming one key row; transposed as 16-bit
+//      elements, lane (p = lane / 4, u = lane % 4) receives of X the byte pairs of dims
+//      2p, 2p+1 of X's rows 2u and 2u+1, i.e. of two keys, and of Y of two more keys;
+//   2. two byte permutes (prmt) make of X's and Y's registers one register per dim, four
+//      keys each: dim 2p and dim 2p+1. stmatrix.x4 (not transposed) stores each register
+//      as 4 bytes of a V̂ᵀ row (row = dim, bytes 4u .. 4u+3 of the unit's 16 keys).
+// Which keys rows 2u, 2u+1 of X and Y hold sets the key order in V̂ᵀ: keys in order,
+// X = {0,1, 4,5, 10,11, 14,15}, Y = {2,3, 6,7, 8,9, 12,13} (u = 0, 1 take X's keys first,
+// u = 2, 3 Y's); or wgmma_key_position's order, X = keys 0-7, Y = keys 8-15. Either way the
+// eight rows of one ldmatrix matrix fall in eight different bank groups under V̂'s swizzle,
+// and the stmatrix matrices take dims {0,2,4,6, 9,11,13,15} and {1,3,5,7, 8,10,12,14}, which
+// do under V̂ᵀ's: no bank conflict. Per unit: one ldmatrix, four prmt, one stmatrix, one
+// address XOR; the registers fit the producer's 24.
+// ---------------------------------------------------------------------------------------
+
+__device__ inline void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ inline void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// The swizzle's XOR on the 16-byte piece of row `row` (swizzle.h).
+__host__ __device__ constexpr int swizzle_xor(Swizzle sw, int row) { return sw == Swizzle::b128 ? row % 8 : row / 2 % 4; }
+
+// A transposing lane's constants: its ldmatrix row (a key of the unit) and stmatrix row (a
+// dim of the unit) as byte offsets in the unit at keys 0, dims 0, swizzle included, and its
+// two byte-permute selectors.
+template <class Cfg>
+struct TransposeLane {
+  uint32_t ld, st, sel_f, sel_g;
+  __device__ explicit TransposeLane(int lane) {
+    constexpr int RB = Cfg::kSwizzleRowBytes, VK = Cfg::kVtChunkKeys;
+    // ldmatrix: lane l names row l % 8 of matrix l / 8 (X, Y, X', Y').
+    const int m = lane / 8, r = lane % 8, pair = r / 2, b = r % 2;
+    const int a = Cfg::kKeysInOrder && pair >= 2 ? 2 : 0;  // whether Y's keys come first in V̂ᵀ
+    const int key = Cfg::kKeysInOrder ? 4 * pair + (m % 2 == 0 ? a : 2 - a) + b : 2 * pair + b + (m % 2) * 8;
+    ld = uint32_t(key * RB + (((m / 2) ^ swizzle_xor(Cfg::kSwizzle, key)) << 4));
+    // stmatrix: lane l names row l % 8 of matrix l / 8 (F, G, F', G'), rows = dims.
+    const int f_dim = r < 4 ? 2 * r : 2 * r + 1, g_dim = r < 4 ? 2 * r + 1 : 2 * r;
+    const int row = 16 * (m / 2) + (m % 2 == 0 ? f_dim : g_dim);
+    st = uint32_t(row * VK + (swizzle_xor(Cfg::kVtSwizzle, row) << 4));
+    // This lane's registers: X's and Y's byte pairs of dims 2p, 2p+1 (p = lane / 4), keys
+    // first.K0, first.K1 and second.K0, second.K1. Dim 2p: bytes 0 and 2 of each; dim 2p + 1:
+    // bytes 1 and 3. F holds dim 2p for p < 4, 2p + 1 for p >= 4; G the other.
+    const int u = lane % 4, p = lane / 4;
+    const bool y_first = Cfg::kKeysInOrder && u >= 2;
+    const uint32_t even = y_first ? 0x2064u : 0x6420u, odd = y_first ? 0x3175u : 0x7531u;
+    sel_f = p < 4 ? even : odd;
+    sel_g = p < 4 ? odd : even;
+  }
+};
+
+// mbarrier wait and arrive, and a 32-bit load, by shared-window address (hopper.cuh's take
+// generic pointers): the transposers work at 24 registers, and a 64-bit generic base of the
+// shared storage held through their loop spilled.
+__device__ inline void mbarrier_wait_at(uint32_t bar, uint32_t phase) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+__device__ inline void mbarrier_arrive_at(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ inline int ld_shared_at(uint32_t addr) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+// This warp's share of one block: units of 16 keys (kg = warp, warp + kTransposeWarps, ...)
+// x 32 dims (all d / 32 of them), from V̂_j's rows at shared address `rows` (column chunks of
+// [B_c][RB], Cfg::kSwizzle, as K̂_j) to V̂_jᵀ at `vt` (column chunks of [kPvCols][VK],
+// kVtSwizzle).
+template <class Cfg>
+__device__ void transpose_block(uint32_t rows, uint32_t vt, int warp, const TransposeLane<Cfg>& lane) {
+  constexpr int RB = Cfg::kSwizzleRowBytes, VK = Cfg::kVtChunkKeys;
+  constexpr int D = Cfg::kChunks * Cfg::kChunkCols;
+  constexpr int kChunkBytes = Cfg::B_c * RB;
+#pragma unroll 1
+  for (int kg = warp; kg < Cfg::B_c / 16; kg += Cfg::kTransposeWarps) {
+    // Keys 16 kg .. 16 kg + 15: 16 rows of V̂_j (a multiple of the row size, so the lane's
+    // swizzle bits stay its own), and 16 bytes of every V̂ᵀ row, piece kp of chunk kc.
+    const uint32_t ld_row = rows + uint32_t(16 * kg * RB) + lane.ld;
+    const int kc = 16 * kg / VK, kp = 16 * kg % VK / 16;
+    const uint32_t st_row = vt + uint32_t(kc * Cfg::kPvCols * VK) + (lane.st ^ uint32_t(kp << 4));
+#pragma unroll
+    for (int dg = 0; dg < D / 32; ++dg) {
+      // Dims 32 dg ..: column chunk 32 dg / RB of V̂_j, 16-byte pieces 2 dg' and 2 dg' + 1
+      // inside it (the XOR moves the lane's piece), rows 32 dg .. of V̂ᵀ.
+      uint32_t x[4];
+      ldmatrix_x4_trans((ld_row + uint32_t(32 * dg / RB * kChunkBytes)) ^ uint32_t(32 * dg % RB), x);
+      stmatrix_x4(st_row + uint32_t(32 * dg * VK), __byte_perm(x[0], x[1], lane.sel_f), __byte_perm(x[0], x[1], lane.sel_g),
+                  __byte_perm(x[2], x[3], lane.sel_f), __byte_perm(x[2], x[3], lane.sel_g));
+    }
+  }
+}
+
+// The transposing warps (producer warps 1 .. kTransposeWarps), block after block of the
+// CTA's sequence: wait for V̂_j's rows (v_full) and a free V̂ᵀ stage (vt_empty: the consumers'
+// P V of the block kVtStages back has landed), transpose their share, then hand V̂_jᵀ to the
+// consumers (vt_full: each thread's fence makes its stmatrix writes visible to the wgmma's
+// async proxy) and V̂_j's stage back to the loads (v_empty). Every thread arrives on both:
+// its arrival orders its own writes, and its reads of V̂_j and v_stop, before what the
+// waiting side does next (as the consumers' q_empty). They stop at the phase whose v_stop
+// is set (produce_tiles).
+template <class Cfg, class Smem>
+__device__ void transpose_v(Smem& s) {
+  const int warp = threadIdx.x / 32 - 1;
+  const TransposeLane<Cfg> lane(threadIdx.x % 32);
+  // Every address as the storage's shared-window base plus a constant offset.
+  const uint32_t base = smem_addr(&s);
+  auto at = [&](const void* field) {
+    return base + uint32_t(static_cast<const char*>(field) - reinterpret_cast<const char*>(&s));
+  };
+#pragma unroll 1
+  for (int it = 0;; ++it) {
+    const VSlot<Cfg> in(it);
+    const VtSlot<Cfg> out(it);
+    mbarrier_wait_at(at(&s.v_full[in.stage]), in.phase);
+    if (ld_shared_at(at(&s.v_stop[in.stage]))) return;
+    mbarrier_wait_at(at(&s.vt_empty[out.stage]), out.phase ^ 1);
+    transpose_block<Cfg>(at(s.v.tile[in.stage]), at(s.vt[out.stage]), warp, lane);
+    fence_proxy_async_shared();
+    mbarrier_arrive_at(at(&s.vt_full[out.stage]));
+    mbarrier_arrive_at(at(&s.v_empty[in.stage]));
+  }
+}
+
+// The V̂ᵀ ring's barriers, as the consumers see them: "full" says V̂_jᵀ is there
+// (transposed, or loaded: in_hbm), "empty" is where they release it. Stages: VtSlot (in_hbm
+// the V̂ᵀ ring is V̂'s TMA ring: kVtStages = kVStages).
+template <class Cfg, class Smem>
+__device__ uint64_t* vt_full(Smem& s, int stage) {
+  if constexpr (Cfg::kTransposeV) return &s.vt_full[stage];
+  else return &s.v_full[stage];
+}
+template <class Cfg, class Smem>
+__device__ uint64_t* vt_empty(Smem& s, int stage) {
+  if constexpr (Cfg::kTransposeV) return &s.vt_empty[stage];
+  else return &s.v_empty[stage];
 }
 
 // The consumers' side of produce_tiles: each tile's unit, read once its Q_i has arrived.
@@ -318,13 +515,36 @@ __device__ void rescale(float (&O)[D / 2], const float (&alpha)[2]) {
     for (int e = 0; e < 4; ++e) O[4 * i + e] *= alpha[e / 2];
 }
 
+// FA3's register permute of P (its permute_Aregs_fp8) for one row and K step: this lane
+// (t = lane % 4 of its quad) packed its keys of the step as lo = {2t, 2t+1, 16+2t, 17+2t}
+// and hi = {8+2t, 9+2t, 24+2t, 25+2t}; the A operand wants keys {4t .. 4t+3} (keys0) and
+// {16+4t .. 19+4t} (keys16), which are bytes 0-1 and 2-3 of lo (t < 2) or hi (t >= 2) of
+// lanes 2 (t % 2) and 2 (t % 2) + 1. Two shuffles bring them: in the first, lane t reads
+// lane {0,3,1,2}[t], in the second that lane's neighbour (^ 1); every lane is read by one
+// lane in each, so it sends what that reader needs: lanes 0 and 3 lo then hi, lanes 1 and
+// 2 hi then lo. Two byte permutes then put the halves in key order.
+__device__ inline void permute_quad(uint32_t lo, uint32_t hi, uint32_t& keys0, uint32_t& keys16) {
+  const int t = threadIdx.x % 4;
+  const bool outer = t == 0 || t == 3;
+  const int first = 0x2130 >> (4 * t) & 3;
+  const uint32_t a = __shfl_sync(0xffffffffu, outer ? lo : hi, first, 4);
+  const uint32_t b = __shfl_sync(0xffffffffu, outer ? hi : lo, first ^ 1, 4);
+  // a came from lane 2 (t % 2) for lanes 0 and 3, from lane 2 (t % 2) + 1 for lanes 1 and 2.
+  keys0 = __byte_perm(a, b, outer ? 0x5410 : 0x1054);
+  keys16 = __byte_perm(a, b, outer ? 0x7632 : 0x3276);
+}
+
 // P (fp32 accumulator layout) -> the e4m3 A operand of the P V QGMMA. Per K step kk of 32
 // keys the thread holds, for row r (slot s = 0) and r + 8 (s = 1), the pair of keys
 // {2t, 2t+1} of each of the four 8-key groups g = 4 kk .. 4 kk + 3: P[4g + 2s], P[4g + 2s + 1]
 // (t = lane % 4). Register q of the operand is row q % 2 and keys 16 (q / 2) + {4t .. 4t+3}
-// of the step, in V̂ᵀ's key order (wgmma_key_position): V̂ᵀ's position 16h + 4t + {0..3}
-// holds keys 16h + {2t, 2t+1, 8+2t, 9+2t}, the thread's own: register q = groups 2 (q / 2)
-// and 2 (q / 2) + 1 of row q % 2, no shuffle.
+// of the step, in V̂ᵀ's key order:
+//   keys permuted (wgmma_key_position; the kept path): V̂ᵀ's position 16h + 4t + {0..3}
+//     holds keys 16h + {2t, 2t+1, 8+2t, 9+2t}, the thread's own: register q = groups
+//     2 (q / 2) and 2 (q / 2) + 1 of row q % 2, no shuffle (FA3 for row-major V);
+//   keys in order (kKeysInOrder, the ablation): groups 0 and 2 make lo, 1 and 3 hi, and
+//     permute_quad exchanges them across the quad (FA3's permute_Aregs_fp8, for V stored
+//     column-major).
 template <class Cfg>
 __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
   // The pairs of groups g0 and g1 of row s as one register of four e4m3 (g0's pair low).
@@ -336,8 +556,12 @@ __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg:
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int g = 4 * kk;
-      P_op[kk][s] = pack(g, g + 1, s);
-      P_op[kk][2 + s] = pack(g + 2, g + 3, s);
+      if constexpr (Cfg::kKeysInOrder) {
+        permute_quad(pack(g, g + 2, s), pack(g + 1, g + 3, s), P_op[kk][s], P_op[kk][2 + s]);
+      } else {
+        P_op[kk][s] = pack(g, g + 1, s);
+        P_op[kk][2 + s] = pack(g + 2, g + 3, s);
+      }
     }
 }
 
@@ -410,7 +634,7 @@ struct BlockScales {
     const float to_next = v_scale_cur / v_scale_next;
     v_scale_cur = v_scale_next;
     const float o_factor[2] = {alpha[0] * to_next, alpha[1] * to_next};
-    fp8a::rescale<D>(O, o_factor);
+    fp8g::rescale<D>(O, o_factor);
   }
 };
 
@@ -441,8 +665,8 @@ __device__ void overlapped_blocks(Smem& s, const Params& p, const Tile& t, const
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::turn_taken);
     gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::s_issued);
-    const Slot<Cfg> prev(t.kv0 + j - 1);
-    mbarrier_wait(&s.v_full[prev.stage], prev.phase);
+    const VtSlot<Cfg> prev(t.kv0 + j - 1);
+    mbarrier_wait(vt_full<Cfg>(s, prev.stage), prev.phase);
     gemm_pv<Cfg>(O, P_op, s.vt[prev.stage]);
     turn.pass_turn();
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::gemms_issued);
@@ -461,20 +685,20 @@ __device__ void overlapped_blocks(Smem& s, const Params& p, const Tile& t, const
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
     pin_registers(O);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::pv_landed);
-    release_kv(&s.v_empty[prev.stage]);
+    release_kv(vt_empty<Cfg>(s, prev.stage));
     scales.rescale(O, alpha);  // V_j's units differ from V_(j-1)'s: O_i is rescaled every block
     to_operand<Cfg>(S, P_op);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_end);
   }
   // The last block's O_i += P V.
-  const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);
+  const VtSlot<Cfg> last(t.kv0 + t.n_blocks - 1);
   timeline_mark(t.seq, Mark::loop_done);
-  mbarrier_wait(&s.v_full[last.stage], last.phase);
+  mbarrier_wait(vt_full<Cfg>(s, last.stage), last.phase);
   gemm_pv<Cfg>(O, P_op, s.vt[last.stage]);
   wgmma_wait<0>();
   pin_registers(O);
   timeline_mark(t.seq, Mark::last_pv_done);
-  release_kv(&s.v_empty[last.stage]);
+  release_kv(vt_empty<Cfg>(s, last.stage));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -522,28 +746,43 @@ __device__ inline void init_barriers(Smem& s) {
     constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
     mbarrier_init(&s.q_full, 1);
     mbarrier_init(&s.q_empty, kConsumerWarps * 32);  // every consumer thread (release_q_after)
+    // V̂_j's "empty": released by the consumer warps (V̂_jᵀ loaded, in_hbm), or by every
+    // transposing thread (transpose_v), whose V̂ᵀ ring the consumer warps release.
+    constexpr uint32_t kTransposers = Cfg::kTransposeWarps * 32;
+    constexpr uint32_t kVReleasers = Cfg::kTransposeV ? kTransposers : kConsumerWarps;
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbarrier_init(&s.k_full[i], 1);  // the producer's arrive.expect_tx; then the bytes
-      mbarrier_init(&s.v_full[i], 1);
       mbarrier_init(&s.k_empty[i], kConsumerWarps);  // one arrival per consumer warp (release_kv)
-      mbarrier_init(&s.v_empty[i], kConsumerWarps);
     }
+    for (int i = 0; i < Cfg::kVStages; ++i) {
+      mbarrier_init(&s.v_full[i], 1);
+      mbarrier_init(&s.v_empty[i], kVReleasers);
+      s.v_stop[i] = 0;
+    }
+    if constexpr (Cfg::kTransposeV)
+      for (int i = 0; i < Cfg::kVtStages; ++i) {
+        mbarrier_init(&s.vt_full[i], kTransposers);  // every transposing thread (transpose_v)
+        mbarrier_init(&s.vt_empty[i], kConsumerWarps);
+      }
     fence_barrier_init();
   }
   __syncthreads();
 }
 
-template <int D>
-__global__ void __launch_bounds__(Config<D>::kThreads, 1) fa3_forward(const __grid_constant__ Params p) {
-  using Cfg = Config<D>;
-  using Smem = SharedStorage<D>;
+template <int D, Fp8VPath kV>
+__global__ void __launch_bounds__(Config<D, kV>::kThreads, 1) fa3_forward(const __grid_constant__ Params p) {
+  using Cfg = Config<D, kV>;
+  using Smem = SharedStorage<D, kV>;
   extern __shared__ uint8_t smem_raw[];
   Smem& s = aligned_shared<Smem>(smem_raw);
   init_barriers<Cfg>(s);
   const int wg = threadIdx.x / Cfg::kWgThreads;
-  if (wg == 0) {  // the producer gives registers back; its first warp issues every copy
+  if (wg == 0) {  // the producer gives registers back; its first warp issues every copy, the others transpose V̂
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x < 32) produce_tiles<Cfg>(s, p);
+    if (threadIdx.x < 32)
+      produce_tiles<Cfg>(s, p);
+    else if constexpr (Cfg::kTransposeV)
+      if (threadIdx.x < 32 * (1 + Cfg::kTransposeWarps)) transpose_v<Cfg>(s);
   } else {  // the consumers take them, and take turns that run on from one tile to the next
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     const TurnTaking<Cfg> turn{wg - 1};
@@ -553,39 +792,71 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1) fa3_forward(const __gr
   }
 }
 
-// The attention kernel on the workspace the pre-kernel filled with V̂ᵀ in HBM
-// (Fp8Workspace(pr, /*vt_in_hbm=*/true)): e4m3 Q̂, K̂, V̂ᵀ and their dequantization scales.
-template <int D>
-void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule, cudaStream_t stream) {
-  using Cfg = Config<D>;
-  constexpr auto kKernel = fa3_forward<D>;
-  constexpr size_t kSmemBytes = sizeof(SharedStorage<D>) + alignof(SharedStorage<D>);
+// e4m3 Q̂, K̂, V̂ (rows as stored, or in_hbm V̂ᵀ [B*Hkv, d, Nk padded]) and their
+// dequantization scales, in the block layout of Fp8Workspace: the pre-kernel's workspace,
+// or the caller's tensors (fp8_e4m3_inputs.cuh).
+struct Inputs {
+  const void *q8, *k8, *v8;
+  const float *q_scale, *k_scale, *v_scale;
+};
+
+// The attention kernel of variant kV on `in`; its unit counter at `counter_offset` of the
+// workspace.
+template <int D, Fp8VPath kV>
+void launch(const AttnProblem& pr, const AttnTensors& tensors, const Inputs& in, size_t counter_offset,
+            Schedule schedule, cudaStream_t stream) {
+  using Cfg = Config<D, kV>;
+  constexpr auto kKernel = fa3_forward<D, kV>;
+  constexpr size_t kSmemBytes = sizeof(SharedStorage<D, kV>) + alignof(SharedStorage<D, kV>);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than a Hopper CTA may have");
   const int ctas_per_sm = configure_kernel<kKernel>(Cfg::kThreads, kSmemBytes);
 
-  const Fp8Workspace ws(pr, /*vt_in_hbm=*/true);  // scale blocks, and V̂ᵀ's padded row length
-  const char* base = static_cast<const char*>(tensors.workspace);
+  const Fp8Workspace blocks(pr);  // scale blocks, and V̂ᵀ's padded row length
   constexpr CUtensorMapDataType kType = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // e4m3 bytes
   constexpr int kE4m3Bytes = 1;
   Params p{};
-  p.q_map = make_tensor_map_3d(base + ws.q8, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kE4m3Bytes, Cfg::kSwizzle);
-  p.k_map = make_tensor_map_3d(base + ws.k8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes, Cfg::kSwizzle);
-  // V̂ᵀ: rows are the d dims, columns the (padded) keys; one box = all d rows x one chunk of keys
-  p.v_map = make_tensor_map_3d(base + ws.v8, kType, pr.B * pr.Hkv, D, int(ws.nk_padded), D, kE4m3Bytes,
-                               Cfg::kVtSwizzle);
+  p.q_map = make_tensor_map_3d(in.q8, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kE4m3Bytes, Cfg::kSwizzle);
+  p.k_map = make_tensor_map_3d(in.k8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes, Cfg::kSwizzle);
+  if constexpr (Cfg::kTransposeV)  // V̂ as K̂: the producer transposes it
+    p.v_map = make_tensor_map_3d(in.v8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes, Cfg::kSwizzle);
+  else  // V̂ᵀ: rows are the d dims, columns the (padded) keys; one box = all d rows x one chunk of keys
+    p.v_map = make_tensor_map_3d(in.v8, kType, pr.B * pr.Hkv, D, int(blocks.nk_padded), D, kE4m3Bytes,
+                                 Cfg::kVtSwizzle);
   p.o = static_cast<__nv_bfloat16*>(tensors.o);
   p.lse = tensors.lse;
-  p.q_scale = reinterpret_cast<const float*>(base + ws.q_scale);
-  p.k_scale = reinterpret_cast<const float*>(base + ws.k_scale);
-  p.v_scale = reinterpret_cast<const float*>(base + ws.v_scale);
-  p.q_blocks = int(ws.q_blocks);
-  p.kv_blocks = int(ws.kv_blocks);
+  p.q_scale = in.q_scale;
+  p.k_scale = in.k_scale;
+  p.v_scale = in.v_scale;
+  p.q_blocks = int(blocks.q_blocks);
+  p.kv_blocks = int(blocks.kv_blocks);
   set_problem<Cfg::B_r>(p, pr, sizeof(E4m3));
 
   const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
-  p.unit_counter = unit_counter(tensors, ws.unit_counter, schedule, pr.causal, stream);
+  p.unit_counter = unit_counter(tensors, counter_offset, schedule, pr.causal, stream);
   kKernel<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace attn::fa3::fp8a
+// The attention kernel on the workspace the pre-kernel filled for variant v (Fp8Workspace).
+template <int D>
+void launch_on_workspace(const AttnProblem& pr, const AttnTensors& tensors, Fp8VPath v, Schedule schedule,
+                         cudaStream_t stream) {
+  const Fp8Workspace ws(pr, v == Fp8VPath::in_hbm);
+  const char* base = static_cast<const char*>(tensors.workspace);
+  const Inputs in{base + ws.q8,
+                  base + ws.k8,
+                  base + ws.v8,
+                  reinterpret_cast<const float*>(base + ws.q_scale),
+                  reinterpret_cast<const float*>(base + ws.k_scale),
+                  reinterpret_cast<const float*>(base + ws.v_scale)};
+  switch (v) {
+    case Fp8VPath::in_kernel:
+      return launch<D, Fp8VPath::in_kernel>(pr, tensors, in, ws.unit_counter, schedule, stream);
+    case Fp8VPath::in_kernel_keys_in_order:
+      return launch<D, Fp8VPath::in_kernel_keys_in_order>(pr, tensors, in, ws.unit_counter, schedule, stream);
+    case Fp8VPath::in_hbm:
+      return launch<D, Fp8VPath::in_hbm>(pr, tensors, in, ws.unit_counter, schedule, stream);
+  }
+}
+
+}  // namespace attn::fa3::fp8g

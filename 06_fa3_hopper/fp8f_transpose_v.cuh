@@ -1,34 +1,12 @@
-// Rung 06's FP8 forward (FlashAttention-3 §3.3), the last of three steps (fp8.md): 06d's
-// kernel on e4m3 tiles (scripts/step_diff.sh 06d fp8a, fp8a fp8b, fp8b fp8c). In all:
+// Rung 06's FP8 forward, step f (fp8.md): fp8e_softmax_placement.cuh with V̂ᵀ made in the
+// kernel (scripts/step_diff.sh fp8e fp8f). The pre-kernel writes V̂ as V is stored, rows of
+// keys, and the producer warpgroup's warps 1-3 turn each TMA-loaded block V̂_j around in
+// shared memory into a V̂ᵀ ring (transpose_v: ldmatrix.trans, byte permutes, stmatrix)
+// while warp 0 issues the copies. As FA3 does for row-major V, the keys go in the order P's
+// accumulator already has, so P needs no shuffle (to_operand). V̂ and V̂ᵀ get rings of their
+// own depths. (fp8g_permute_p.cuh brings back fp8e's V̂ᵀ from HBM as an ablation.)
 //
-//   - both GEMMs are QGMMA (wgmma ...k32.f32.e4m3.e4m3): 32 keys or dims per instruction;
-//   - QGMMA reads its shared-memory B operand K-major only, so P V needs V̂_jᵀ (keys
-//     contiguous): the producer warpgroup's warps 1-3 turn each TMA-loaded block V̂_j around
-//     in shared memory into a V̂ᵀ ring (transpose_v: ldmatrix.trans, byte permutes,
-//     stmatrix), while warp 0 issues the copies. As FA3 does for row-major V, the keys go
-//     in the order P's accumulator already has, so P needs no shuffle (to_operand).
-//     Ablations (Fp8VPath, fa3_fp8.h): keys in order with P's registers permuted across
-//     each quad (byte permutes and two shuffles), and V̂ᵀ made by the pre-kernel in HBM;
-//   - a Q̂ or K̂ row is d bytes: at d = 64 half a 128-byte swizzle row, so those tiles use
-//     the 64-byte swizzle; V̂ᵀ rows are B_c keys, 64-byte chunks at d = 128 (Fp8Layout);
-//   - S_ij is dequantized inside the softmax: scores = q_scale * k_scale_j * (Q̂_i K̂_jᵀ),
-//     the product folded into the exponent's scale (no extra pass over S);
-//   - P_ij is multiplied by 2^8 before rounding to e4m3 (FA3's max offset: the largest
-//     P is 256, so small probabilities stay normal numbers); l_i carries the same factor;
-//   - V's block scale: O_i is kept in units of the current block's v_scale_j, converted
-//     with the rescale that the online softmax does anyway (alpha * v_scale_(j-1) / v_scale_j),
-//     so O_i is rescaled every block (no lazy rescaling) and the max is taken first;
-//   - at d = 64 and 128 the P V QGMMA also sums P's rows (Fp8Layout::kRowSumColumn: V̂ᵀ in
-//     shared memory has a row of ones after its d rows), so the softmax adds no row sums;
-//   - the row maxima on the integer ALU's three-input max (block_max);
-//   - at d <= 128 6 of every 8 pairs of exponentials by exp2_e4m3_linear (common/exp2_linear.h:
-//     2^x to within 4 % before e4m3's rounding, straight to P's e4m3 byte by an FFMA and a
-//     clamp, which byte permutes put in place), the rest on the MUFU and converted (F2FP);
-//   - rings: K̂ and V̂ᵀ three deep, V̂ two at d >= 128; all two deep at d = 256; no CTA pairs.
-//
-// One launch runs the quantization pre-kernel (fp8_quantize.cuh) and then this kernel
-// (launch_fp8, fa3_fp8.h); on e4m3 inputs the kernel alone (fp8_e4m3_inputs.cuh). Included
-// only by the generated instance files (fp8_fa3.cu.in) and bench/tile_timeline.cu.
+// Not built: compiled for d = 128 by fp8_steps_check.cu; the stages run fp8h_fa3.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,37 +14,24 @@
 
 #include "06_fa3_hopper/fa3_common.cuh"
 #include "06_fa3_hopper/fa3_fp8.h"
-#include "06_fa3_hopper/fp8_quantize.cuh"
 
-namespace attn::fa3::fp8 {
+namespace attn::fa3::fp8f {
 
 using E4m3 = __nv_fp8_e4m3;
 
-template <int D, Fp8VPath kV = Fp8VPath::in_kernel>
+template <int D>
 struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (fa3_fp8.h)
-  // Where V̂_jᵀ comes from (Fp8VPath): the producer's transpose of V̂_j's rows (keys in
-  // order, or in wgmma_key_position's), or a TMA copy of the pre-kernel's V̂ᵀ.
-  static constexpr bool kTransposeV = kV != Fp8VPath::in_hbm;
-  static constexpr bool kKeysInOrder = kV == Fp8VPath::in_kernel_keys_in_order;  // P permuted in registers (to_operand)
   // As 06d: ping-pong where the softmax is a large share of the work (d <= 128).
   static constexpr bool kPingpong = D <= 128;
   // Where the softmax runs against the P V issued before it (overlapped_blocks): all of it
   // under the P V at d = 256; all of it after the P V's wait at d = 128; at d = 64 where
-  // ptxas puts the wait, after block_max's branch, so the row maxima under the P V and the
-  // exponentials after.
+  // ptxas puts the wait.
   static constexpr bool kSoftmaxUnderPv = D == 256;
   static constexpr bool kPvWaitFirst = D == 128;
-  // V's scale ratio in BlockScales::rescale by __fdividef (MUFU.RCP and a multiply) instead
-  // of the IEEE division (a check and a branch to a slow path, between the softmax and O's
-  // rescale): faster at d = 64 only. __fdividef(x, y) is exact to 2 ulp for a normal y
-  // below 2^126: the pre-kernel keeps every scale >= FLT_MIN, and a bf16 amax / 448 stays
-  // below 2^120.
-  static constexpr bool kFastScaleRatio = D == 64;
-  // Most of the softmax's exponentials off the MUFU at d <= 128 (exp2_e4m3_linear: 2^x as
-  // P's e4m3 byte, on the FMA pipe and the integer ALU; online_softmax, to_operand). At
-  // d = 256 l_i sums P in fp32 (no row-sum column): bytes cannot be summed.
-  static constexpr int kLinearExps = D <= 128 ? 6 : 0;  // pairs of every 8
   static constexpr int kPOffsetLog2 = 8;  // P = 2^8 exp(S - m): up to 256 of e4m3's 448
+  // No row-sum column yet (fp8h_fa3.cuh adds it): the P V's N is d, l_i sums P in fp32.
+  static constexpr bool kRowSumColumn = false;
+  static constexpr int kPvCols = D;
 
   static constexpr int kWgThreads = 128;
   // Consumer warpgroups of 64 query rows each: three at d = 64 (O is 32 registers, so 160
@@ -78,22 +43,21 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
   // d = 64 and 256. S takes B_c/2 fp32 registers per thread beside O (d/2) and P (B_c/8
   // registers of four e4m3): 96 + 64 + 24 at d = 128.
   using Fp8Layout<D>::B_c;
-  // Ring depths. K̂_j arrives by TMA in a ring of kStages, V̂_j in one of kVStages (V̂_jᵀ
-  // from HBM: both kStages): an FP8 block computes in half the time of a bf16 one, so a third
-  // stage hides the loads better. The transpose writes a V̂ᵀ ring of its own, kVtStages
+  // Ring depths. K̂_j arrives by TMA in a ring of kStages, V̂_j in one of kVStages: an FP8
+  // block computes in half the time of a bf16 one, so a third stage hides the loads better. The transpose writes a V̂ᵀ ring of its own, kVtStages
   // deep, a block or two ahead of the P V; its input ring holds V̂_j only until then, so at
   // d = 128 it gives a stage to the V̂ᵀ ring (213 KiB in all). At d = 256 the four tiles'
   // rings fit only two deep (224 KiB).
-  static constexpr int kStages = kTransposeV && D == 256 ? 2 : 3;
-  static constexpr int kVStages = kTransposeV && D >= 128 ? 2 : kStages;
-  static constexpr int kVtStages = !kTransposeV ? kStages : D == 256 ? 2 : 3;
+  static constexpr int kStages = D == 256 ? 2 : 3;
+  static constexpr int kVStages = D >= 128 ? 2 : kStages;
+  static constexpr int kVtStages = D == 256 ? 2 : 3;
 
   static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D;
-  static constexpr uint32_t kKVBytes = uint32_t(B_c) * D;  // K_j, and V_j (or V_jᵀ)
+  static constexpr uint32_t kKVBytes = uint32_t(B_c) * D;  // K_j, and V_j
 
   // The producer warpgroup: warp 0 issues the copies; the others transpose V̂ (transpose_v)
   // at the producer's register budget, 24 (the consumers take the rest).
-  static constexpr int kTransposeWarps = kTransposeV ? 3 : 0;
+  static constexpr int kTransposeWarps = 3;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr int kWarpsPerWg = kWgThreads / 32;
@@ -101,42 +65,31 @@ struct Config : Fp8Layout<D> {  // the tiles' swizzles and K steps: Fp8Layout (f
 
   static_assert(B_r == kConsumers * kWarpgroupRows, "one 64-row block of Q per consumer warpgroup");
   static_assert(kWarpgroupRows * D % 1024 == 0 && B_c * D % 1024 == 0, "every tile starts on a whole swizzle atom");
-  static_assert(Fp8Layout<D>::kPvCols * Fp8Layout<D>::kVtChunkKeys % Fp8Layout<D>::kVtAtomBytes == 0,
-                "every V̂ᵀ column chunk, with the row-sum column's rows, starts on a whole swizzle atom");
-  static_assert(kTransposeV || (kVStages == kStages && kVtStages == kStages), "in_hbm, V̂ᵀ is V̂'s TMA ring");
+  static_assert(kPvCols * Fp8Layout<D>::kVtChunkKeys % Fp8Layout<D>::kVtAtomBytes == 0,
+                "every V̂ᵀ column chunk starts on a whole swizzle atom");
   static_assert(kWgThreads == 128 && setmaxnreg_budgets_fit(kConsumers, kProducerRegs, kConsumerRegs),
                 "the consumers' registers must come from the producer's");
 };
 
-// V̂_j's rows as TMA stores them (laid out as K̂_j), the transpose's input ring; none for
-// Fp8VPath::in_hbm.
-template <int Stages, int Bytes>
-struct VRows {
-  alignas(1024) E4m3 tile[Stages][Bytes];
-};
-template <int Bytes>
-struct VRows<0, Bytes> {};
-
 // Every tile starts on a whole swizzle atom (512 B for the 64-byte swizzle, 1024 B for the
 // 128-byte one): every array below is a whole number of atoms (static_asserts in Config).
-template <int D, Fp8VPath kV>
+template <int D>
 struct alignas(1024) SharedStorage {
-  using Cfg = Config<D, kV>;
+  using Cfg = Config<D>;
   E4m3 q[Cfg::kConsumers][kWarpgroupRows * D];       // Q̂_i, one 64-row block per consumer
   E4m3 k[Cfg::kStages][Cfg::B_c * D];                // K̂_j ring
   E4m3 vt[Cfg::kVtStages][Cfg::kPvCols * Cfg::B_c];  // V̂_jᵀ ring: column chunks of [kPvCols][kVtChunkKeys]
-  // V̂_j ring (rows), for transpose_v; empty in_hbm (after the tiles: no tile moves off its atom)
-  VRows<Cfg::kTransposeV ? Cfg::kVStages : 0, Cfg::B_c * D> v;
+  E4m3 v[Cfg::kVStages][Cfg::B_c * D];               // V̂_j ring (rows, as TMA stores them), for transpose_v
   uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
-  uint64_t v_full[Cfg::kVStages], v_empty[Cfg::kVStages];  // the TMA ring of V̂_j (or, in_hbm, V̂_jᵀ)
-  uint64_t vt_full[Cfg::kVtStages], vt_empty[Cfg::kVtStages];  // V̂_jᵀ transposed (kTransposeV)
+  uint64_t v_full[Cfg::kVStages], v_empty[Cfg::kVStages];  // the TMA ring of V̂_j
+  uint64_t vt_full[Cfg::kVtStages], vt_empty[Cfg::kVtStages];  // V̂_jᵀ transposed
   int v_stop[Cfg::kVStages];  // set in the V̂ stage after the CTA's last block: the transposers stop
   int unit;  // the unit of the tile whose Q̂_i q_full announces (produce_tiles)
 };
 
 struct Params {
-  // e4m3 [B*H, Nq, d], [B*Hkv, Nk, d], and V̂ as K̂ (or, in_hbm, V̂ᵀ [B*Hkv, d, Nk padded])
+  // e4m3 [B*H, Nq, d], [B*Hkv, Nk, d], and V̂ as K̂
   CUtensorMap q_map, k_map, v_map;
   __nv_bfloat16* o;
   float* lse;  // may be null
@@ -189,20 +142,10 @@ __device__ void load_k(void* tile, const CUtensorMap* map, int j, int kv_head, u
     tma_load_3d(chunk0 + c * kChunkBytes, map, c * Cfg::kChunkCols, j * Cfg::B_c, kv_head, full);
 }
 
-// V̂_j into ring stage `stage`: its rows into the transpose's input ring (as K̂_j), or
-// (in_hbm) the pre-kernel's V̂_jᵀ straight into the V̂ᵀ ring, one box of d rows x
-// kVtChunkKeys keys per column chunk (whose rows d .. d + 7, with the row-sum column, hold
-// init_row_sum_rows's constants and are never loaded).
+// V̂_j into ring stage `stage`: its rows into the transpose's input ring (as K̂_j).
 template <class Cfg, class Smem>
 __device__ void load_v(Smem& s, const Params& p, const Tile& t, int stage, int j) {
-  if constexpr (Cfg::kTransposeV) {
-    load_k<Cfg>(s.v.tile[stage], &p.v_map, j, t.kv_head, &s.v_full[stage]);
-  } else {
-    mbarrier_arrive_expect_tx(&s.v_full[stage], Cfg::kKVBytes);
-    for (int c = 0; c < Cfg::kVtChunks; ++c)
-      tma_load_3d(&s.vt[stage][c * Cfg::kPvCols * Cfg::kVtChunkKeys], &p.v_map, j * Cfg::B_c + c * Cfg::kVtChunkKeys,
-                  0, t.kv_head, &s.v_full[stage]);
-  }
+  load_k<Cfg>(s.v[stage], &p.v_map, j, t.kv_head, &s.v_full[stage]);
 }
 
 // The CTA's seq-th tile, unit `unit` (fa3_common.cuh: tile_in_sequence).
@@ -231,13 +174,11 @@ __device__ void produce_tiles(Smem& s, const Params& p) {
     if (leader) s.unit = unit;
     if (unit >= p.n_units) {
       if (leader) mbarrier_arrive(&s.q_full);
-      if constexpr (Cfg::kTransposeV) {
-        const VSlot<Cfg> end(kv);
-        mbarrier_wait(&s.v_empty[end.stage], end.phase ^ 1);  // read by the transposers (and v_stop with it)
-        if (leader) {
-          s.v_stop[end.stage] = 1;
-          mbarrier_arrive(&s.v_full[end.stage]);
-        }
+      const VSlot<Cfg> end(kv);
+      mbarrier_wait(&s.v_empty[end.stage], end.phase ^ 1);  // read by the transposers (and v_stop with it)
+      if (leader) {
+        s.v_stop[end.stage] = 1;
+        mbarrier_arrive(&s.v_full[end.stage]);
       }
       return;
     }
@@ -267,9 +208,8 @@ __device__ void produce_tiles(Smem& s, const Params& p) {
 //   2. two byte permutes (prmt) make of X's and Y's registers one register per dim, four
 //      keys each: dim 2p and dim 2p+1. stmatrix.x4 (not transposed) stores each register
 //      as 4 bytes of a V̂ᵀ row (row = dim, bytes 4u .. 4u+3 of the unit's 16 keys).
-// Which keys rows 2u, 2u+1 of X and Y hold sets the key order in V̂ᵀ: keys in order,
-// X = {0,1, 4,5, 10,11, 14,15}, Y = {2,3, 6,7, 8,9, 12,13} (u = 0, 1 take X's keys first,
-// u = 2, 3 Y's); or wgmma_key_position's order, X = keys 0-7, Y = keys 8-15. Either way the
+// Which keys rows 2u, 2u+1 of X and Y hold sets the key order in V̂ᵀ: wgmma_key_position's
+// order, X = keys 0-7, Y = keys 8-15. The
 // eight rows of one ldmatrix matrix fall in eight different bank groups under V̂'s swizzle,
 // and the stmatrix matrices take dims {0,2,4,6, 9,11,13,15} and {1,3,5,7, 8,10,12,14}, which
 // do under V̂ᵀ's: no bank conflict. Per unit: one ldmatrix, four prmt, one stmatrix, one
@@ -301,8 +241,7 @@ struct TransposeLane {
     constexpr int RB = Cfg::kSwizzleRowBytes, VK = Cfg::kVtChunkKeys;
     // ldmatrix: lane l names row l % 8 of matrix l / 8 (X, Y, X', Y').
     const int m = lane / 8, r = lane % 8, pair = r / 2, b = r % 2;
-    const int a = Cfg::kKeysInOrder && pair >= 2 ? 2 : 0;  // whether Y's keys come first in V̂ᵀ
-    const int key = Cfg::kKeysInOrder ? 4 * pair + (m % 2 == 0 ? a : 2 - a) + b : 2 * pair + b + (m % 2) * 8;
+    const int key = 2 * pair + b + (m % 2) * 8;
     ld = uint32_t(key * RB + (((m / 2) ^ swizzle_xor(Cfg::kSwizzle, key)) << 4));
     // stmatrix: lane l names row l % 8 of matrix l / 8 (F, G, F', G'), rows = dims.
     const int f_dim = r < 4 ? 2 * r : 2 * r + 1, g_dim = r < 4 ? 2 * r + 1 : 2 * r;
@@ -311,9 +250,8 @@ struct TransposeLane {
     // This lane's registers: X's and Y's byte pairs of dims 2p, 2p+1 (p = lane / 4), keys
     // first.K0, first.K1 and second.K0, second.K1. Dim 2p: bytes 0 and 2 of each; dim 2p + 1:
     // bytes 1 and 3. F holds dim 2p for p < 4, 2p + 1 for p >= 4; G the other.
-    const int u = lane % 4, p = lane / 4;
-    const bool y_first = Cfg::kKeysInOrder && u >= 2;
-    const uint32_t even = y_first ? 0x2064u : 0x6420u, odd = y_first ? 0x3175u : 0x7531u;
+    const int p = lane / 4;
+    const uint32_t even = 0x6420u, odd = 0x7531u;
     sel_f = p < 4 ? even : odd;
     sel_g = p < 4 ? odd : even;
   }
@@ -392,25 +330,11 @@ __device__ void transpose_v(Smem& s) {
     mbarrier_wait_at(at(&s.v_full[in.stage]), in.phase);
     if (ld_shared_at(at(&s.v_stop[in.stage]))) return;
     mbarrier_wait_at(at(&s.vt_empty[out.stage]), out.phase ^ 1);
-    transpose_block<Cfg>(at(s.v.tile[in.stage]), at(s.vt[out.stage]), warp, lane);
+    transpose_block<Cfg>(at(s.v[in.stage]), at(s.vt[out.stage]), warp, lane);
     fence_proxy_async_shared();
     mbarrier_arrive_at(at(&s.vt_full[out.stage]));
     mbarrier_arrive_at(at(&s.v_empty[in.stage]));
   }
-}
-
-// The V̂ᵀ ring's barriers, as the consumers see them: "full" says V̂_jᵀ is there
-// (transposed, or loaded: in_hbm), "empty" is where they release it. Stages: VtSlot (in_hbm
-// the V̂ᵀ ring is V̂'s TMA ring: kVtStages = kVStages).
-template <class Cfg, class Smem>
-__device__ uint64_t* vt_full(Smem& s, int stage) {
-  if constexpr (Cfg::kTransposeV) return &s.vt_full[stage];
-  else return &s.v_full[stage];
-}
-template <class Cfg, class Smem>
-__device__ uint64_t* vt_empty(Smem& s, int stage) {
-  if constexpr (Cfg::kTransposeV) return &s.vt_empty[stage];
-  else return &s.v_empty[stage];
 }
 
 // The consumers' side of produce_tiles: each tile's unit, read once its Q_i has arrived.
@@ -466,9 +390,7 @@ __device__ void gemm_qk(float (&S)[Cfg::B_c / 2], const E4m3* Q_i, const E4m3* K
 }
 
 // O_i += P_ij V_j: B_c/32 QGMMA RS, P from registers, V_jᵀ K-major ([kPvCols rows][B_c keys]:
-// its own swizzle, not Q̂'s and K̂'s); each K step moves 32 B along the row. With the
-// row-sum column (kPvCols = d + 8) the same instructions also add rowsum(P̂_ij) to O_i's
-// column d.
+// its own swizzle, not Q̂'s and K̂'s); each K step moves 32 B along the row.
 template <class Cfg>
 __device__ void gemm_pv(float (&O)[Cfg::kPvCols / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4], const E4m3* Vt_j) {
   const uint64_t vt_desc = make_smem_desc(Vt_j, /*unused*/ 16, Cfg::kVtAtomBytes, Cfg::kVtSwizzle);
@@ -481,28 +403,6 @@ __device__ void gemm_pv(float (&O)[Cfg::kPvCols / 2], const uint32_t (&P)[Cfg::B
         /*accumulate=*/1);
   wgmma_commit();
   pin_registers(O);
-}
-
-// The row-sum column's constant rows of every V̂ᵀ ring stage and column chunk, once per CTA:
-// row d all e4m3 1.0 (0x38), rows d + 1 .. d + 7 zero. Row d starts an 8-row swizzle atom,
-// so the swizzle only permutes 16-byte pieces inside each of these rows, all alike. Every
-// thread of the CTA takes a share; the fence hands the writes to the wgmma (async proxy),
-// and init_barriers' __syncthreads to every warp.
-template <class Cfg, int D, class Smem>
-__device__ void init_row_sum_rows(Smem& s) {
-  if constexpr (Cfg::kRowSumColumn) {
-    constexpr int kPiecesPerRow = Cfg::kVtChunkKeys / 16;  // 16-byte pieces
-    constexpr int kPiecesPerChunk = 8 * kPiecesPerRow;
-    constexpr int kPieces = Cfg::kVtStages * Cfg::kVtChunks * kPiecesPerChunk;
-    constexpr uint32_t kOnes = 0x38383838u;  // four e4m3 1.0
-    for (int i = threadIdx.x; i < kPieces; i += blockDim.x) {
-      const int chunk = i / kPiecesPerChunk, piece = i % kPiecesPerChunk;
-      E4m3* rows = &s.vt[chunk / Cfg::kVtChunks][((chunk % Cfg::kVtChunks) * Cfg::kPvCols + D) * Cfg::kVtChunkKeys];
-      const uint32_t w = piece < kPiecesPerRow ? kOnes : 0u;
-      reinterpret_cast<uint4*>(rows)[piece] = make_uint4(w, w, w, w);
-    }
-    fence_proxy_async_shared();
-  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -525,60 +425,6 @@ __device__ float row_max(const float (&S)[Cfg::B_c / 2], int slot) {
   return quad_max(v[0]);
 }
 
-// Row `slot`'s max over block S as bits: a float's bits read as a signed int order the
-// floats >= 0 correctly and put every negative float below them, so where the row has a
-// score >= 0 this is the bits of its float max, on the integer ALU's three-input max
-// (VIMNMX3): half the instructions of row_max's tree. Where every score is negative it is
-// a negative int and says only that.
-template <class Cfg>
-__device__ int row_max_bits(const float (&S)[Cfg::B_c / 2], int slot) {
-  constexpr int kN = Cfg::B_c / 4;  // this thread's entries of the row
-  int v[kN];
-#pragma unroll
-  for (int i = 0; i < kN; ++i) v[i] = __float_as_int(S[4 * (i / 2) + 2 * slot + i % 2]);
-#pragma unroll
-  for (int w = 1; w < kN; w *= 3)
-#pragma unroll
-    for (int i = 0; i + w < kN; i += 3 * w)
-      v[i] = i + 2 * w < kN ? max(max(v[i], v[i + w]), v[i + 2 * w]) : max(v[i], v[i + w]);
-  return quad_max(v[0]);
-}
-
-// Both rows' m_blk = max(m_i, rowmax(S_ij) * s_log2), the running max m_i in the
-// exponent's units (s_log2 > 0). From row_max_bits where that is exact: a row with a score
-// >= 0, or any row whose m_i >= 0 already (its scores' max, negative, cannot pass m_i).
-// Otherwise (a row with no score >= 0 yet: all keys masked, or negative scores only) the
-// warp takes row_max's float tree.
-template <class Cfg>
-__device__ void block_max(const float (&S)[Cfg::B_c / 2], const float (&m)[2], float s_log2, float (&m_blk)[2]) {
-  int bits[2];
-  bool exact = true;
-#pragma unroll
-  for (int slot = 0; slot < 2; ++slot) {
-    bits[slot] = row_max_bits<Cfg>(S, slot);
-    exact &= bits[slot] >= 0 || m[slot] >= 0.f;
-  }
-  if (__all_sync(0xffffffffu, exact)) {
-#pragma unroll
-    for (int slot = 0; slot < 2; ++slot) m_blk[slot] = fmaxf(m[slot], __int_as_float(bits[slot]) * s_log2);
-  } else {
-#pragma unroll
-    for (int slot = 0; slot < 2; ++slot) m_blk[slot] = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
-  }
-}
-
-// Whether pair `pair` (entries 2 pair, 2 pair + 1) of a row is among the k of every 8 pairs
-// whose exponentials exp2_e4m3_linear takes (online_softmax). P's operand registers hold
-// two pairs each (to_operand): two converted pairs cost 2 instructions (F2FP, F2FP
-// merging), two pairs of bytes 3 (PRMT), one of each 3, so whole registers go first, the 4
-// of every 8 in the order 0, 2, 1, 3, then for an odd k one pair alone. (With V̂ᵀ's keys in
-// order a register holds pairs 4r' + e and 4r' + e + 2 before permute_quad: the same pairs
-// are taken, at one more instruction per 8 pairs, so that both key orders round the same P.)
-constexpr bool linear_exp_pair(int pair, int k) {
-  const int reg = pair / 2 % 4;
-  return 2 * (reg % 2 * 2 + reg / 2) + pair % 2 < k;
-}
-
 // f(n, S[x]) for each of this thread's entries of row `slot` (Fragment), in column order;
 // n = 0, 1, ..., B_c/4 - 1 is the entry's place among them.
 template <class Cfg, class F>
@@ -596,40 +442,24 @@ __device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
 // times the block's dequantization scales q_scale * k_scale_j (BlockScales); m_i is kept in
 // those units. P_ij and l_i carry the factor 2^8 (kPOffsetLog2). The caller rescales O_i by
 // alpha (and by V's scale ratio), once the in-flight P V has landed.
-//
-// With the row-sum column (d <= 128) l_i is left alone: the P V GEMM sums P's rows. The
-// exponentials of kLinearExps of every 8 pairs of a row's entries (linear_exp_pair) go by
-// exp2_e4m3_linear straight to P's e4m3 bytes (an FFMA and an FMNMX, the line through the
-// powers of two) instead of the MUFU; such an entry holds its byte in its low 8 bits, for
-// to_operand, so it cannot be summed, and m_i is kept on e4m3_linear_grid.
 template <class Cfg>
 __device__ void online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                float s_log2) {
-  constexpr bool kRowSums = !Cfg::kRowSumColumn;
-  static_assert(Cfg::kLinearExps == 0 || !kRowSums, "an entry left as an e4m3 byte cannot be summed");
-  const float s_log2_e4m3 = kE4m3LinearStep * s_log2;
-  float m_blks[2];  // both rows' max(m_i, rowmax(S_ij)) at once (one vote)
-  block_max<Cfg>(S, m, s_log2, m_blks);
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot) {
-    float m_new = m_blks[slot];
-    if constexpr (Cfg::kLinearExps > 0) m_new = e4m3_linear_grid(m_new);
+    const float m_new = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
     // A row that has seen only masked keys keeps m = -inf; exponentiate against 0 so
     // that exp(-inf - (-inf)) never appears: its P is 0 and alpha is 0.
     const float m_base = m_new == -INFINITY ? 0.f : m_new;
     alpha[slot] = exp2_approx(m[slot] - m_base);
     m[slot] = m_new;
     const float shift = float(Cfg::kPOffsetLog2) - m_base;
-    const float offset_e4m3 = e4m3_linear_offset(shift);
     float row_sum = 0.f;
-    for_each_in_row<Cfg>(S, slot, [&](int n, float& s_ij) {
-      if (linear_exp_pair(n / 2, Cfg::kLinearExps))
-        s_ij = exp2_e4m3_linear(fmaf(s_ij, s_log2_e4m3, offset_e4m3));
-      else
-        s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
-      if constexpr (kRowSums) row_sum += s_ij;
+    for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) {
+      s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
+      row_sum += s_ij;
     });
-    if constexpr (kRowSums) l[slot] = alpha[slot] * l[slot] + row_sum;
+    l[slot] = alpha[slot] * l[slot] + row_sum;
   }
 }
 
@@ -641,73 +471,27 @@ __device__ void rescale(float (&O)[D / 2], const float (&alpha)[2]) {
     for (int e = 0; e < 4; ++e) O[4 * i + e] *= alpha[e / 2];
 }
 
-// FA3's register permute of P (its permute_Aregs_fp8) for one row and K step: this lane
-// (t = lane % 4 of its quad) packed its keys of the step as lo = {2t, 2t+1, 16+2t, 17+2t}
-// and hi = {8+2t, 9+2t, 24+2t, 25+2t}; the A operand wants keys {4t .. 4t+3} (keys0) and
-// {16+4t .. 19+4t} (keys16), which are bytes 0-1 and 2-3 of lo (t < 2) or hi (t >= 2) of
-// lanes 2 (t % 2) and 2 (t % 2) + 1. Two shuffles bring them: in the first, lane t reads
-// lane {0,3,1,2}[t], in the second that lane's neighbour (^ 1); every lane is read by one
-// lane in each, so it sends what that reader needs: lanes 0 and 3 lo then hi, lanes 1 and
-// 2 hi then lo. Two byte permutes then put the halves in key order.
-__device__ inline void permute_quad(uint32_t lo, uint32_t hi, uint32_t& keys0, uint32_t& keys16) {
-  const int t = threadIdx.x % 4;
-  const bool outer = t == 0 || t == 3;
-  const int first = 0x2130 >> (4 * t) & 3;
-  const uint32_t a = __shfl_sync(0xffffffffu, outer ? lo : hi, first, 4);
-  const uint32_t b = __shfl_sync(0xffffffffu, outer ? hi : lo, first ^ 1, 4);
-  // a came from lane 2 (t % 2) for lanes 0 and 3, from lane 2 (t % 2) + 1 for lanes 1 and 2.
-  keys0 = __byte_perm(a, b, outer ? 0x5410 : 0x1054);
-  keys16 = __byte_perm(a, b, outer ? 0x7632 : 0x3276);
-}
-
 // P (fp32 accumulator layout) -> the e4m3 A operand of the P V QGMMA. Per K step kk of 32
 // keys the thread holds, for row r (slot s = 0) and r + 8 (s = 1), the pair of keys
 // {2t, 2t+1} of each of the four 8-key groups g = 4 kk .. 4 kk + 3: P[4g + 2s], P[4g + 2s + 1]
 // (t = lane % 4). Register q of the operand is row q % 2 and keys 16 (q / 2) + {4t .. 4t+3}
-// of the step, in V̂ᵀ's key order:
-//   keys permuted (wgmma_key_position; the kept path): V̂ᵀ's position 16h + 4t + {0..3}
-//     holds keys 16h + {2t, 2t+1, 8+2t, 9+2t}, the thread's own: register q = groups
-//     2 (q / 2) and 2 (q / 2) + 1 of row q % 2, no shuffle (FA3 for row-major V);
-//   keys in order (kKeysInOrder, the ablation): groups 0 and 2 make lo, 1 and 3 hi, and
-//     permute_quad exchanges them across the quad (FA3's permute_Aregs_fp8, for V stored
-//     column-major).
+// of the step, in V̂ᵀ's key order (wgmma_key_position): V̂ᵀ's position 16h + 4t + {0..3}
+// holds keys 16h + {2t, 2t+1, 8+2t, 9+2t}, the thread's own: register q = groups 2 (q / 2)
+// and 2 (q / 2) + 1 of row q % 2, no shuffle (FA3 for row-major V).
 template <class Cfg>
 __device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
-  // A pair that exp2_e4m3_linear took (linear_exp_pair) holds its two bytes in the low 8
-  // bits of its two floats: a byte permute moves them where the register wants them.
-  auto bytes = [](float lo, float hi, uint32_t selector) {
-    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), selector);
-  };
   // The pairs of groups g0 and g1 of row s as one register of four e4m3 (g0's pair low).
   auto pack = [&](int g0, int g1, int s) {
-    const float a = P[4 * g0 + 2 * s], b = P[4 * g0 + 2 * s + 1], c = P[4 * g1 + 2 * s], d = P[4 * g1 + 2 * s + 1];
-    const bool lo_bytes = linear_exp_pair(g0, Cfg::kLinearExps), hi_bytes = linear_exp_pair(g1, Cfg::kLinearExps);
-    if (!lo_bytes && !hi_bytes) return pack4_e4m3(a, b, c, d);
-    // each pair's two bytes in the low half of a register, then the halves joined
-    const uint32_t lo = lo_bytes ? bytes(a, b, 0x0040) : pack2_e4m3_u32(a, b);
-    const uint32_t hi = hi_bytes ? bytes(c, d, 0x0040) : pack2_e4m3_u32(c, d);
-    return __byte_perm(lo, hi, 0x5410);
+    return pack4_e4m3(P[4 * g0 + 2 * s], P[4 * g0 + 2 * s + 1], P[4 * g1 + 2 * s], P[4 * g1 + 2 * s + 1]);
   };
 #pragma unroll
   for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int g = 4 * kk;
-      if constexpr (Cfg::kKeysInOrder) {
-        permute_quad(pack(g, g + 2, s), pack(g + 1, g + 3, s), P_op[kk][s], P_op[kk][2 + s]);
-      } else {
-        P_op[kk][s] = pack(g, g + 1, s);
-        P_op[kk][2 + s] = pack(g + 2, g + 3, s);
-      }
+      P_op[kk][s] = pack(g, g + 1, s);
+      P_op[kk][2 + s] = pack(g + 2, g + 3, s);
     }
-}
-
-// O_i's first d columns, as write_output and rescale take them (the accumulator may have the
-// row-sum column's 8 more).
-template <int D, int N>
-__device__ inline float (&o_columns(float (&O)[N]))[D / 2] {
-  static_assert(N >= D / 2);
-  return *reinterpret_cast<float(*)[D / 2]>(&O[0]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -767,11 +551,6 @@ struct BlockScales {
   float q_log2;     // this warpgroup's q_scale times the softmax scale times log2(e)
   float s_log2 = 0.f, v_scale_next = 0.f;  // block j's, read by begin(j)
   float v_scale_cur;                       // the units O_i is kept in
-  // With the row-sum column: l_i up to the last P V that has landed, in fp32 registers. Each
-  // P V's column d holds one block's rowsum(P̂) and is moved here and zeroed once it lands
-  // (rescale): the QGMMA's accumulation keeps fewer bits than fp32, and l_i summed over all
-  // blocks in the accumulator loses accuracy.
-  float l_landed[2] = {0.f, 0.f};
   __device__ BlockScales(const Params& p_, int kv_base_, float q_scale)
       : p(p_), kv_base(kv_base_), q_log2(q_scale * p_.scale_log2), v_scale_cur(p_.v_scale[kv_base_]) {}
   // Block j's scales, read before its S GEMM is issued (so that the loads overlap the waits).
@@ -779,27 +558,12 @@ struct BlockScales {
     s_log2 = q_log2 * p.k_scale[kv_base + j];
     v_scale_next = p.v_scale[kv_base + j];
   }
-  // O_i *= alpha, and into V_j's units: alpha * v_scale_(j-1) / v_scale_j. The row-sum
-  // column's block sum joins l_i, which takes alpha alone, and the column starts again at 0.
-  __device__ void rescale(float (&O)[Cfg::kPvCols / 2], const float (&alpha)[2]) {
-    const float to_next = Cfg::kFastScaleRatio ? __fdividef(v_scale_cur, v_scale_next) : v_scale_cur / v_scale_next;
+  // O_i *= alpha, and into V_j's units: alpha * v_scale_(j-1) / v_scale_j.
+  __device__ void rescale(float (&O)[D / 2], const float (&alpha)[2]) {
+    const float to_next = v_scale_cur / v_scale_next;
     v_scale_cur = v_scale_next;
     const float o_factor[2] = {alpha[0] * to_next, alpha[1] * to_next};
-    fp8::rescale<D>(o_columns<D>(O), o_factor);
-    if constexpr (Cfg::kRowSumColumn) {
-#pragma unroll
-      for (int slot = 0; slot < 2; ++slot) {
-        l_landed[slot] = alpha[slot] * (l_landed[slot] + O[D / 2 + 2 * slot]);
-        O[D / 2 + 2 * slot] *= 0.f;  // (an assignment of 0 makes ptxas spill)
-      }
-    }
-  }
-  // After the last P V: l_i, this thread's part (zero but in the first lane of each quad).
-  __device__ void final_row_sums(const float (&O)[Cfg::kPvCols / 2], float (&l)[2]) const {
-    if constexpr (Cfg::kRowSumColumn) {
-      l[0] = l_landed[0] + O[D / 2];
-      l[1] = l_landed[1] + O[D / 2 + 2];
-    }
+    fp8f::rescale<D>(O, o_factor);
   }
 };
 
@@ -831,7 +595,7 @@ __device__ void overlapped_blocks(Smem& s, const Params& p, const Tile& t, const
     gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::s_issued);
     const VtSlot<Cfg> prev(t.kv0 + j - 1);
-    mbarrier_wait(vt_full<Cfg>(s, prev.stage), prev.phase);
+    mbarrier_wait(&s.vt_full[prev.stage], prev.phase);
     gemm_pv<Cfg>(O, P_op, s.vt[prev.stage]);
     turn.pass_turn();
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::gemms_issued);
@@ -844,13 +608,13 @@ __device__ void overlapped_blocks(Smem& s, const Params& p, const Tile& t, const
     if constexpr (Cfg::kPvWaitFirst) wgmma_wait<0>();  // the softmax after the P V, all of it
     online_softmax<Cfg>(S, m, l, alpha, scales.s_log2);
     // ptxas schedules the wait below as early as it may, at the top of the softmax's basic
-    // block (so below block_max's branch), and the rest of the softmax then runs after the
+    // block, and the rest of the softmax then runs after the
     // P V instead of under it; the fence keeps it first.
     if constexpr (Cfg::kSoftmaxUnderPv) fence_schedule_after(l[0] + l[1]);
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
     pin_registers(O);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::pv_landed);
-    release_kv(vt_empty<Cfg>(s, prev.stage));
+    release_kv(&s.vt_empty[prev.stage]);
     scales.rescale(O, alpha);  // V_j's units differ from V_(j-1)'s: O_i is rescaled every block
     to_operand<Cfg>(S, P_op);
     timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_end);
@@ -858,12 +622,12 @@ __device__ void overlapped_blocks(Smem& s, const Params& p, const Tile& t, const
   // The last block's O_i += P V.
   const VtSlot<Cfg> last(t.kv0 + t.n_blocks - 1);
   timeline_mark(t.seq, Mark::loop_done);
-  mbarrier_wait(vt_full<Cfg>(s, last.stage), last.phase);
+  mbarrier_wait(&s.vt_full[last.stage], last.phase);
   gemm_pv<Cfg>(O, P_op, s.vt[last.stage]);
   wgmma_wait<0>();
   pin_registers(O);
   timeline_mark(t.seq, Mark::last_pv_done);
-  release_kv(vt_empty<Cfg>(s, last.stage));
+  release_kv(&s.vt_empty[last.stage]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -879,7 +643,7 @@ __device__ void consume(Smem& s, const Params& p, const Tile& t, const TurnTakin
   BlockScales<Cfg, D> scales(p, t.kv_head * p.kv_blocks,
                              p.q_scale[int64_t(t.bh) * p.q_blocks + min(wg_row0 / kWarpgroupRows, p.q_blocks - 1)]);
 
-  float O[Cfg::kPvCols / 2];             // O_i accumulator, in units of scales.v_scale_cur (+ row sums)
+  float O[Cfg::kPvCols / 2];             // O_i accumulator, in units of scales.v_scale_cur
   uint32_t P_op[Cfg::B_c / Cfg::kK][4];  // P_ij as the e4m3 A operand
   float m[2] = {-INFINITY, -INFINITY};   // m_i: running row max (scaled scores, log2 units)
   float l[2] = {0.f, 0.f};               // l_i: running row sum, this thread's columns
@@ -890,18 +654,13 @@ __device__ void consume(Smem& s, const Params& p, const Tile& t, const TurnTakin
     release_q_after(s, t, -1);  // a tile with no visible K/V block never reads Q̂_i
   else
     overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l, scales);
-  // With the row-sum column, l_i: the first lane of each quad holds it (column d of rows r
-  // and r + 8), the other three columns d + 2 .. d + 7, zero, so write_output's quad sum
-  // adds zeros to it.
-  scales.final_row_sums(O, l);
-  float (&O_d)[D / 2] = o_columns<D>(O);
   // Back to real units: O_i times the last v_scale, and the 2^8 of P out of O_i and l_i
   // (exact: a power of two), so that write_output's O / l and lse = m + log l hold.
   const float o_units[2] = {scales.v_scale_cur / kPOffset, scales.v_scale_cur / kPOffset};
-  rescale<D>(O_d, o_units);
+  rescale<D>(O, o_units);
   l[0] /= kPOffset;
   l[1] /= kPOffset;
-  write_output<D, __nv_bfloat16>(O_d, m, l, t.bh, wg_row0, p);
+  write_output<D, __nv_bfloat16>(O, m, l, t.bh, wg_row0, p);
   timeline_mark(t.seq, Mark::output_done);
 }
 
@@ -916,44 +675,41 @@ __device__ inline void init_barriers(Smem& s) {
     constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
     mbarrier_init(&s.q_full, 1);
     mbarrier_init(&s.q_empty, kConsumerWarps * 32);  // every consumer thread (release_q_after)
-    // V̂_j's "empty": released by the consumer warps (V̂_jᵀ loaded, in_hbm), or by every
-    // transposing thread (transpose_v), whose V̂ᵀ ring the consumer warps release.
+    // V̂_j's "empty": released by every transposing thread (transpose_v), whose V̂ᵀ ring the
+    // consumer warps release.
     constexpr uint32_t kTransposers = Cfg::kTransposeWarps * 32;
-    constexpr uint32_t kVReleasers = Cfg::kTransposeV ? kTransposers : kConsumerWarps;
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbarrier_init(&s.k_full[i], 1);  // the producer's arrive.expect_tx; then the bytes
       mbarrier_init(&s.k_empty[i], kConsumerWarps);  // one arrival per consumer warp (release_kv)
     }
     for (int i = 0; i < Cfg::kVStages; ++i) {
       mbarrier_init(&s.v_full[i], 1);
-      mbarrier_init(&s.v_empty[i], kVReleasers);
+      mbarrier_init(&s.v_empty[i], kTransposers);
       s.v_stop[i] = 0;
     }
-    if constexpr (Cfg::kTransposeV)
-      for (int i = 0; i < Cfg::kVtStages; ++i) {
-        mbarrier_init(&s.vt_full[i], kTransposers);  // every transposing thread (transpose_v)
-        mbarrier_init(&s.vt_empty[i], kConsumerWarps);
-      }
+    for (int i = 0; i < Cfg::kVtStages; ++i) {
+      mbarrier_init(&s.vt_full[i], kTransposers);  // every transposing thread (transpose_v)
+      mbarrier_init(&s.vt_empty[i], kConsumerWarps);
+    }
     fence_barrier_init();
   }
   __syncthreads();
 }
 
-template <int D, Fp8VPath kV>
-__global__ void __launch_bounds__(Config<D, kV>::kThreads, 1) fa3_forward(const __grid_constant__ Params p) {
-  using Cfg = Config<D, kV>;
-  using Smem = SharedStorage<D, kV>;
+template <int D>
+__global__ void __launch_bounds__(Config<D>::kThreads, 1) fa3_forward(const __grid_constant__ Params p) {
+  using Cfg = Config<D>;
+  using Smem = SharedStorage<D>;
   extern __shared__ uint8_t smem_raw[];
   Smem& s = aligned_shared<Smem>(smem_raw);
-  init_row_sum_rows<Cfg, D>(s);
   init_barriers<Cfg>(s);
   const int wg = threadIdx.x / Cfg::kWgThreads;
   if (wg == 0) {  // the producer gives registers back; its first warp issues every copy, the others transpose V̂
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x < 32)
       produce_tiles<Cfg>(s, p);
-    else if constexpr (Cfg::kTransposeV)
-      if (threadIdx.x < 32 * (1 + Cfg::kTransposeWarps)) transpose_v<Cfg>(s);
+    else if (threadIdx.x < 32 * (1 + Cfg::kTransposeWarps))
+      transpose_v<Cfg>(s);
   } else {  // the consumers take them, and take turns that run on from one tile to the next
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     const TurnTaking<Cfg> turn{wg - 1};
@@ -963,36 +719,31 @@ __global__ void __launch_bounds__(Config<D, kV>::kThreads, 1) fa3_forward(const 
   }
 }
 
-// e4m3 Q̂, K̂, V̂ (rows as stored, or in_hbm V̂ᵀ [B*Hkv, d, Nk padded]) and their
-// dequantization scales, in the block layout of Fp8Workspace: the pre-kernel's workspace,
-// or the caller's tensors (fp8_e4m3_inputs.cuh).
+// e4m3 Q̂, K̂, V̂ (rows as stored) and their dequantization scales, in the block layout of
+// Fp8Workspace: the pre-kernel's workspace, or a caller's e4m3 tensors.
 struct Inputs {
   const void *q8, *k8, *v8;
   const float *q_scale, *k_scale, *v_scale;
 };
 
-// The attention kernel of variant kV on `in`; its unit counter at `counter_offset` of the
-// workspace.
-template <int D, Fp8VPath kV>
+// The attention kernel on `in`; its unit counter at `counter_offset` of the workspace.
+template <int D>
 void launch(const AttnProblem& pr, const AttnTensors& tensors, const Inputs& in, size_t counter_offset,
             Schedule schedule, cudaStream_t stream) {
-  using Cfg = Config<D, kV>;
-  constexpr auto kKernel = fa3_forward<D, kV>;
-  constexpr size_t kSmemBytes = sizeof(SharedStorage<D, kV>) + alignof(SharedStorage<D, kV>);
+  using Cfg = Config<D>;
+  constexpr auto kKernel = fa3_forward<D>;
+  constexpr size_t kSmemBytes = sizeof(SharedStorage<D>) + alignof(SharedStorage<D>);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than a Hopper CTA may have");
   const int ctas_per_sm = configure_kernel<kKernel>(Cfg::kThreads, kSmemBytes);
 
-  const Fp8Workspace blocks(pr);  // scale blocks, and V̂ᵀ's padded row length
+  const Fp8Workspace blocks(pr);  // scale blocks
   constexpr CUtensorMapDataType kType = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // e4m3 bytes
   constexpr int kE4m3Bytes = 1;
   Params p{};
   p.q_map = make_tensor_map_3d(in.q8, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kE4m3Bytes, Cfg::kSwizzle);
   p.k_map = make_tensor_map_3d(in.k8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes, Cfg::kSwizzle);
-  if constexpr (Cfg::kTransposeV)  // V̂ as K̂: the producer transposes it
-    p.v_map = make_tensor_map_3d(in.v8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes, Cfg::kSwizzle);
-  else  // V̂ᵀ: rows are the d dims, columns the (padded) keys; one box = all d rows x one chunk of keys
-    p.v_map = make_tensor_map_3d(in.v8, kType, pr.B * pr.Hkv, D, int(blocks.nk_padded), D, kE4m3Bytes,
-                                 Cfg::kVtSwizzle);
+  // V̂ as K̂: the producer transposes it
+  p.v_map = make_tensor_map_3d(in.v8, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kE4m3Bytes, Cfg::kSwizzle);
   p.o = static_cast<__nv_bfloat16*>(tensors.o);
   p.lse = tensors.lse;
   p.q_scale = in.q_scale;
@@ -1008,11 +759,10 @@ void launch(const AttnProblem& pr, const AttnTensors& tensors, const Inputs& in,
   CUDA_CHECK_LAUNCH();
 }
 
-// The attention kernel on the workspace the pre-kernel filled for variant v (Fp8Workspace).
+// The attention kernel on the workspace the pre-kernel filled (Fp8Workspace).
 template <int D>
-void launch_on_workspace(const AttnProblem& pr, const AttnTensors& tensors, Fp8VPath v, Schedule schedule,
-                         cudaStream_t stream) {
-  const Fp8Workspace ws(pr, v == Fp8VPath::in_hbm);
+void launch_on_workspace(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule, cudaStream_t stream) {
+  const Fp8Workspace ws(pr);
   const char* base = static_cast<const char*>(tensors.workspace);
   const Inputs in{base + ws.q8,
                   base + ws.k8,
@@ -1020,36 +770,7 @@ void launch_on_workspace(const AttnProblem& pr, const AttnTensors& tensors, Fp8V
                   reinterpret_cast<const float*>(base + ws.q_scale),
                   reinterpret_cast<const float*>(base + ws.k_scale),
                   reinterpret_cast<const float*>(base + ws.v_scale)};
-  switch (v) {
-    case Fp8VPath::in_kernel:
-      return launch<D, Fp8VPath::in_kernel>(pr, tensors, in, ws.unit_counter, schedule, stream);
-    case Fp8VPath::in_kernel_keys_in_order:
-      return launch<D, Fp8VPath::in_kernel_keys_in_order>(pr, tensors, in, ws.unit_counter, schedule, stream);
-    case Fp8VPath::in_hbm:
-      return launch<D, Fp8VPath::in_hbm>(pr, tensors, in, ws.unit_counter, schedule, stream);
-  }
+  launch<D>(pr, tensors, in, ws.unit_counter, schedule, stream);
 }
 
-}  // namespace attn::fa3::fp8
-
-namespace attn::fa3 {
-
-// fa3_fp8.h's launches: the pre-kernel, the attention kernel, and the two in turn.
-template <int D>
-void launch_fp8_quantize(const AttnProblem& p, const AttnTensors& t, const Fp8Options& opt, cudaStream_t stream) {
-  quantize_inputs<D>(p, t, opt, Fp8Workspace(p, opt.v_path == Fp8VPath::in_hbm), stream);
-}
-
-template <int D>
-void launch_fp8_attention(const AttnProblem& p, const AttnTensors& t, Schedule schedule, cudaStream_t stream) {
-  fp8::launch_on_workspace<D>(p, t, Fp8VPath{}, schedule, stream);
-}
-
-template <int D>
-void launch_fp8(const AttnProblem& pr, const AttnTensors& tensors, const Fp8Options& opt, Schedule schedule,
-                cudaStream_t stream) {
-  launch_fp8_quantize<D>(pr, tensors, opt, stream);
-  fp8::launch_on_workspace<D>(pr, tensors, opt.v_path, schedule, stream);
-}
-
-}  // namespace attn::fa3
+}  // namespace attn::fa3::fp8f

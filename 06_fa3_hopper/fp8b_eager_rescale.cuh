@@ -1,0 +1,482 @@
+// Rung 06's FP8 forward, step b (fp8.md): fp8a_no_cta_pairs.cuh rescaling O_i every block
+// (scripts/step_diff.sh fp8a fp8b). FP8 keeps O_i in the units of V's block scale, which
+// change every block (fp8d_block_scales.cuh), so lazy rescaling goes, and with it the
+// speculative max (it rests on the max rarely moving m_i): every block's softmax takes
+// its max first, as FA2's. Still bf16/fp16 on 06d's tiles.
+//
+// Not built: compiled for d = 128 by fp8_steps_check.cu; the stages run fp8h_fa3.cuh.
+#pragma once
+
+#include "06_fa3_hopper/fa3_common.cuh"
+
+namespace attn::fa3::fp8b {
+
+template <int D, typename T>
+struct Config {
+  // Ping-pong where the softmax is a large share of the work (d <= 128): at d = 256 the
+  // GEMMs dominate and forced turns only add waiting (as FA3 does).
+  static constexpr bool kPingpong = D <= 128;
+
+  static constexpr int kWgThreads = 128;                     // threads per warpgroup
+  static constexpr int kConsumers = consumer_warpgroups(D);  // consumer warpgroups (fa3_launch.h)
+  static constexpr int kThreads = kWgThreads * (kConsumers + 1);  // + the producer warpgroup
+  static constexpr int B_r = block_rows(D);  // query rows per CTA
+  static constexpr int B_c = block_cols(D);  // keys per K/V block
+  static constexpr int kStages = 2;  // K/V ring depth: deeper hides more load latency, costs smem
+
+  // Shared-memory tiles are d/64 column chunks of [rows][64]: 128-byte rows, swizzled
+  // (swizzle.h), as TMA writes them and wgmma reads them.
+  static constexpr Swizzle kSwizzle = Swizzle::b128;
+  static constexpr int kSwizzleRowBytes = row_bytes(kSwizzle);          // 128
+  static constexpr int kChunkCols = kSwizzleRowBytes / int(sizeof(T));  // 64
+  static constexpr int kChunks = D / kChunkCols;
+  static constexpr int kAtomBytes = atom_bytes(kSwizzle);  // 8-row swizzle atom: 1024
+  static constexpr int kK = 16;                            // wgmma K per instruction
+
+  static constexpr uint32_t kQBytes = uint32_t(kConsumers) * kWarpgroupRows * D * sizeof(T);
+  static constexpr uint32_t kKVBytes = uint32_t(B_c) * D * sizeof(T);
+
+  // setmaxnreg budgets: 128 x 24 + 256 x 240 (or 384 x 160) <= the launch's 384 x 168 (512 x 128).
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  static constexpr int kWarpsPerWg = kWgThreads / 32;
+  // Named barriers of the ping-pong, one per consumer warpgroup (0 is __syncthreads).
+  static constexpr int kTurnBarrier = 1;
+
+  static_assert(D % kChunkCols == 0 && B_c % kK == 0, "tiles are whole 128-byte chunks and wgmma K steps");
+  static_assert(B_c * kSwizzleRowBytes % kAtomBytes == 0, "every chunk starts on a 1024-byte swizzle atom");
+  static_assert(setmaxnreg_budgets_fit(kConsumers, kProducerRegs, kConsumerRegs),
+                "the consumers' registers must come from the producer's");
+  static_assert(!kPingpong || kConsumers >= 2, "the ping-pong needs two or more consumer warpgroups");
+};
+
+template <class Cfg, typename T, int D>
+struct alignas(1024) SharedStorage {  // 128-byte swizzle atoms need 1024-byte alignment
+  T q[Cfg::kConsumers][kWarpgroupRows * D];  // Q_i, one 64-row block per consumer warpgroup
+  T k[Cfg::kStages][Cfg::B_c * D];           // K_j ring
+  T v[Cfg::kStages][Cfg::B_c * D];           // V_j ring
+  uint64_t q_full, q_empty;
+  uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
+  uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
+  int unit;  // the unit of the tile whose Q_i q_full announces (produce_tiles)
+};
+
+// Ring slot of the CTA's it-th K/V block: stage it mod s, and the parity of the lap.
+template <class Cfg>
+struct Slot {
+  int stage;
+  uint32_t phase;
+  __device__ explicit Slot(int it) : stage(it % Cfg::kStages), phase(uint32_t(it / Cfg::kStages) & 1) {}
+};
+
+// ---------------------------------------------------------------------------------------
+// Loads (the producer's side): TMA copies that complete on the stage's "full" barrier.
+// ---------------------------------------------------------------------------------------
+
+template <class Cfg, class Smem, typename T>
+__device__ void load_q(Smem& s, const Params<T>& p, const Tile& t) {
+  mbarrier_arrive_expect_tx(&s.q_full, Cfg::kQBytes);
+  for (int w = 0; w < Cfg::kConsumers; ++w)
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_3d(&s.q[w][c * kWarpgroupRows * Cfg::kChunkCols], &p.q_map, c * Cfg::kChunkCols,
+                  t.row0 + w * kWarpgroupRows, t.bh, &s.q_full);
+}
+
+// One B_c x d block (K_j or V_j) into `tile`, completing on `full`.
+template <class Cfg>
+__device__ void load_kv(void* tile, const CUtensorMap* map, int j, int kv_head, uint64_t* full) {
+  mbarrier_arrive_expect_tx(full, Cfg::kKVBytes);
+  char* chunk0 = static_cast<char*>(tile);
+  constexpr int kChunkBytes = Cfg::B_c * Cfg::kSwizzleRowBytes;  // one column chunk of the block
+  for (int c = 0; c < Cfg::kChunks; ++c)
+    tma_load_3d(chunk0 + c * kChunkBytes, map, c * Cfg::kChunkCols, j * Cfg::B_c, kv_head, full);
+}
+
+// The CTA's seq-th tile, unit `unit` (fa3_common.cuh: tile_in_sequence).
+template <class Cfg, typename T>
+__device__ Tile tile_of_unit(const Params<T>& p, int unit, int seq, int& kv) {
+  return tile_in_sequence<Cfg::B_r, Cfg::B_c>(p, tile_at(p.order, unit), seq, kv);
+}
+
+// The producer's loads (warp 0; its lane 0 issues every copy), tile after tile: Q_i once
+// the consumers are done with the last tile's, then K_j and V_j into the rings, each stage
+// reused once every consumer warp released it ("empty" barriers; on the first lap they
+// pass at once). The unit of each tile goes to the consumers in shared memory, announced
+// by Q_i's "full" barrier (its arrival releases the write; their wait acquires it), which
+// after the last unit completes with no copy: the consumers' signal to stop
+// (consume_tiles).
+template <class Cfg, class Smem, typename T>
+__device__ void produce_tiles(Smem& s, const Params<T>& p) {
+  int kv = 0;
+  for (int seq = 0;; ++seq) {
+    // Asked for only once the last tile's loads are all issued, with the ring's last blocks
+    // still ahead of the consumers: the CTA takes its next unit shortly before it is free.
+    const int unit = next_unit(p, seq);
+    mbarrier_wait(&s.q_empty, (seq & 1) ^ 1);  // the consumers read the last unit and are done with its Q_i
+    const bool leader = threadIdx.x % 32 == 0;
+    if (leader) s.unit = unit;
+    if (unit >= p.n_units) {
+      if (leader) mbarrier_arrive(&s.q_full);
+      return;
+    }
+    const Tile t = tile_of_unit<Cfg>(p, unit, seq, kv);
+    if (leader) load_q<Cfg>(s, p, t);
+    timeline_mark(seq, Mark::q_issued);
+    for (int j = 0; j < t.n_blocks; ++j) {
+      const Slot<Cfg> slot(t.kv0 + j);
+      mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
+      if (leader) load_kv<Cfg>(s.k[slot.stage], &p.k_map, j, t.kv_head, &s.k_full[slot.stage]);
+      mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
+      if (leader) load_kv<Cfg>(s.v[slot.stage], &p.v_map, j, t.kv_head, &s.v_full[slot.stage]);
+    }
+  }
+}
+
+// The consumers' side of produce_tiles: each tile's unit, read once its Q_i has arrived.
+template <class Cfg, class Smem, typename T, class Body>
+__device__ void consume_tiles(Smem& s, const Params<T>& p, Body&& body) {
+  int kv = 0;
+  for (int seq = 0;; ++seq) {
+    mbarrier_wait(&s.q_full, seq & 1);
+    const int unit = __reduce_max_sync(0xffffffffu, ld_shared(&s.unit));  // the same in every lane: warp-uniform
+    if (unit >= p.n_units) return;
+    timeline_mark(seq, Mark::q_ready);
+    body(tile_of_unit<Cfg>(p, unit, seq, kv));
+  }
+}
+
+// A consumer warp is done with a K/V ring stage: one arrival per warp.
+__device__ inline void release_kv(uint64_t* empty) {
+  if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
+}
+
+// Once the tile's last Q K_jᵀ has landed (j = n_blocks - 1; j = -1 for a tile with no
+// visible K/V block, which never reads Q_i), Q_i's buffer may take the next tile's Q, and
+// the unit slot the next unit (produce_tiles). Every consumer thread arrives: each read the
+// unit slot itself (consume_tiles), and its arrival orders that read before the write.
+template <class Smem>
+__device__ inline void release_q_after(Smem& s, const Tile& t, int j) {
+  if (j == t.n_blocks - 1) mbarrier_arrive(&s.q_empty);
+}
+
+// ---------------------------------------------------------------------------------------
+// The two GEMMs of one warpgroup (64 query rows).
+// ---------------------------------------------------------------------------------------
+
+// S_ij = Q_i K_jᵀ: d/K wgmma SS (both operands K-major), one commit group. Each K step reads
+// 32 bytes of every row: the start address moves 32 B along the swizzle row, then on to the
+// next column chunk (kmajor_step_offset, swizzle.h).
+template <class Cfg, typename T>
+__device__ void gemm_qk(float (&S)[Cfg::B_c / 2], const T* Q_i, const T* K_j) {
+  constexpr int kSteps = Cfg::kChunks * Cfg::kChunkCols / Cfg::kK;  // d / K
+  constexpr int kStepBytes = Cfg::kK * int(sizeof(T));
+  static_assert(Cfg::kSwizzleRowBytes % kStepBytes == 0, "a K step stays inside one swizzle row");
+  const uint64_t q_desc = make_smem_desc(Q_i, /*unused*/ 16, Cfg::kAtomBytes, Cfg::kSwizzle);
+  const uint64_t k_desc = make_smem_desc(K_j, /*unused*/ 16, Cfg::kAtomBytes, Cfg::kSwizzle);
+  pin_registers(S);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+    Wgmma<T, Cfg::B_c>::ss(S, desc_advance(q_desc, kmajor_step_offset(kk, kStepBytes, kWarpgroupRows, Cfg::kSwizzle)),
+                           desc_advance(k_desc, kmajor_step_offset(kk, kStepBytes, Cfg::B_c, Cfg::kSwizzle)),
+                           /*accumulate=*/kk > 0);
+  wgmma_commit();
+  pin_registers(S);
+}
+
+// O_i += P_ij V_j: B_c/16 wgmma RS (P from registers, V N-major), one commit group.
+template <class Cfg, typename T, int D>
+__device__ void gemm_pv(float (&O)[D / 2], const uint32_t (&P)[Cfg::B_c / Cfg::kK][4], const T* V_j) {
+  // N-major V: 8-row atoms 1024 B apart along K (keys), 64-column chunks B_c*128 B apart along N.
+  const uint64_t v_desc = make_smem_desc(V_j, Cfg::B_c * Cfg::kSwizzleRowBytes, Cfg::kAtomBytes, Cfg::kSwizzle);
+  pin_registers(O);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
+    Wgmma<T, D>::rs(O, P[kk], desc_advance(v_desc, kk * Cfg::kK * Cfg::kSwizzleRowBytes), /*accumulate=*/1);
+  wgmma_commit();
+  pin_registers(O);
+}
+
+// ---------------------------------------------------------------------------------------
+// Online softmax on the accumulator layout (Fragment, fa3_common.cuh).
+// ---------------------------------------------------------------------------------------
+
+// Row `slot`'s max over block S: a tree over the thread's B_c/4 values (log2 deep, where a
+// running max would be a chain of B_c/4 dependent instructions on the softmax's critical
+// path), then over the four threads of the row.
+template <class Cfg>
+__device__ float row_max(const float (&S)[Cfg::B_c / 2], int slot) {
+  constexpr int kPairs = Cfg::B_c / 8;
+  float v[kPairs];
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) v[i] = fmaxf(S[4 * i + 2 * slot], S[4 * i + 2 * slot + 1]);
+#pragma unroll
+  for (int w = 1; w < kPairs; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < kPairs; i += 2 * w) v[i] = fmaxf(v[i], v[i + w]);
+  return quad_max(v[0]);
+}
+
+// f(n, S[x]) for each of this thread's entries of row `slot` (Fragment), in column order;
+// n = 0, 1, ..., B_c/4 - 1 is the entry's place among them.
+template <class Cfg, class F>
+__device__ void for_each_in_row(float (&S)[Cfg::B_c / 2], int slot, F&& f) {
+#pragma unroll
+  for (int i = 0; i < Cfg::B_c / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) f(2 * i + e, S[4 * i + 2 * slot + e]);
+}
+
+// Online softmax of one block (FA2 Algorithm 1, lines 8-10), base 2:
+//   m_i^new = max(m_i, rowmax(S_ij));  P_ij = exp(S_ij - m_i^new) (in place in S);
+//   alpha = exp(m_i - m_i^new);  l_i = alpha l_i + rowsum(P_ij)   (l_i: this thread's part).
+// s_log2 takes a raw score to the exponent's log2 units (softmax scale * log2(e)), and m_i
+// is kept in those units. The caller rescales O_i by alpha, once the in-flight P V has
+// landed: every block (no lazy rescaling).
+template <class Cfg>
+__device__ void online_softmax(float (&S)[Cfg::B_c / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                               float s_log2) {
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    const float m_new = fmaxf(m[slot], row_max<Cfg>(S, slot) * s_log2);
+    // A row that has seen only masked keys keeps m = -inf; exponentiate against 0 so
+    // that exp(-inf - (-inf)) never appears: its P is 0 and alpha is 0.
+    const float m_base = m_new == -INFINITY ? 0.f : m_new;
+    alpha[slot] = exp2_approx(m[slot] - m_base);
+    m[slot] = m_new;
+    const float shift = 0.f - m_base;
+    float row_sum = 0.f;
+    for_each_in_row<Cfg>(S, slot, [&](int, float& s_ij) {
+      s_ij = exp2_approx(fmaf(s_ij, s_log2, shift));
+      row_sum += s_ij;
+    });
+    l[slot] = alpha[slot] * l[slot] + row_sum;
+  }
+}
+
+template <int D>
+__device__ void rescale(float (&O)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) O[4 * i + e] *= alpha[e / 2];
+}
+
+// P (fp32 accumulator layout) -> the wgmma A-operand layout in bf16/fp16 registers. For
+// each K step kk of 16 keys the two layouts coincide, so it is a pairwise convert:
+//   P_op[kk][r] = {P[8kk + 2r], P[8kk + 2r + 1]}.
+template <class Cfg, typename T>
+__device__ void to_operand(const float (&P)[Cfg::B_c / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) P_op[kk][r] = pack2<T>(P[8 * kk + 2 * r], P[8 * kk + 2 * r + 1]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Ping-pong: consumer warpgroups take turns (0, 1, .., 0, 1, ..) issuing their GEMMs;
+// issuing hands the turn on, and the next one's GEMMs run under this one's softmax. Where
+// kPingpong is off (d = 256) every call is empty.
+// ---------------------------------------------------------------------------------------
+
+template <class Cfg>
+struct TurnTaking {
+  static constexpr int kThreads = 2 * Cfg::kWgThreads;  // the waiting and the handing-over warpgroup
+  int wg;
+  __device__ void start() const {  // warpgroup 0 goes first: the last one hands it the turn
+    if constexpr (Cfg::kPingpong)
+      if (wg == Cfg::kConsumers - 1) named_barrier_arrive(Cfg::kTurnBarrier + 0, kThreads);
+  }
+  __device__ void wait_turn() const {
+    if constexpr (Cfg::kPingpong) named_barrier_sync(Cfg::kTurnBarrier + wg, kThreads);
+  }
+  __device__ void pass_turn() const {
+    if constexpr (Cfg::kPingpong) named_barrier_arrive(Cfg::kTurnBarrier + (wg + 1) % Cfg::kConsumers, kThreads);
+  }
+  __device__ void finish() const {  // take the last hand-over, so every arrival is matched
+    if constexpr (Cfg::kPingpong)
+      if (wg == 0) named_barrier_sync(Cfg::kTurnBarrier + 0, kThreads);
+  }
+};
+
+// S_ij = Q_i K_jᵀ alone: issued in this warpgroup's turn and waited for; then K_j's ring
+// stage (and after the tile's last block, Q_i) is released. For block 0.
+template <class Cfg, class Smem, typename T>
+__device__ void qk_and_wait(float (&S)[Cfg::B_c / 2], Smem& s, const Tile& t, const TurnTaking<Cfg>& turn,
+                            const T* Q_i, const Slot<Cfg>& slot, int j) {
+  mbarrier_wait(&s.k_full[slot.stage], slot.phase);
+  turn.wait_turn();
+  gemm_qk<Cfg>(S, Q_i, s.k[slot.stage]);
+  turn.pass_turn();
+  wgmma_wait<0>();
+  pin_registers(S);
+  release_kv(&s.k_empty[slot.stage]);
+  release_q_after(s, t, j);
+}
+
+// ---------------------------------------------------------------------------------------
+// The software pipeline over one tile's K/V blocks (intra-warpgroup overlap).
+// ---------------------------------------------------------------------------------------
+
+// Keeps the wgmma wait that follows below the instructions that compute `after`: the
+// softmax's results (what they leave out may sink below the wait). ptxas schedules a wgmma
+// wait as early as its basic block allows, above the whole softmax it is meant to overlap,
+// so that every exponential ran after the P V; it does not hoist one above a branch. This
+// one ends the softmax's block on a warp vote that is never true (no float operation
+// yields the bits 0xffffffff; the GPU's NaN is 0x7fffffff). hopper.cuh's
+// fence_schedule_after branches to a trap instead: at d <= 128 ptxas then allocated the
+// loop within the launch bound's registers (168, d = 64: 128), not setmaxnreg's, spilled O
+// and serialized the wgmma (C7512).
+__device__ inline void hold_wait_below(float after) {
+  if (__any_sync(0xffffffffu, __float_as_uint(after) == 0xffffffffu)) asm volatile("nanosleep.u32 0;");
+}
+
+template <class Cfg, int D, typename T, class Smem>
+__device__ void overlapped_blocks(Smem& s, const Params<T>& p, const Tile& t, const TurnTaking<Cfg>& turn,
+                                  int wg_row0, float (&O)[D / 2], uint32_t (&P_op)[Cfg::B_c / Cfg::kK][4],
+                                  float (&m)[2], float (&l)[2]) {
+  const T* Q_i = s.q[turn.wg];
+  float S[Cfg::B_c / 2];  // S_ij, then P_ij in place
+  float alpha[2];         // exp(m_old - m_new), rescales O_i
+  // Block 0: S_i0 and its softmax alone.
+  qk_and_wait<Cfg>(S, s, t, turn, Q_i, Slot<Cfg>(t.kv0), 0);
+  if (block_needs_mask<Cfg>(0, wg_row0, p)) mask_block<Cfg>(S, 0, wg_row0, p);
+  online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);  // O_i is still 0: nothing to rescale
+  to_operand<Cfg, T>(S, P_op);
+  timeline_mark(t.seq, Mark::block0_done);
+  for (int j = 1; j < t.n_blocks; ++j) {
+    const Slot<Cfg> cur(t.kv0 + j);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_begin);
+    // Issue S_ij = Q_i K_jᵀ and O_i += P_i(j-1) V_(j-1); the P V runs during the softmax
+    // below.
+    mbarrier_wait(&s.k_full[cur.stage], cur.phase);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::k_ready);
+    turn.wait_turn();
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::turn_taken);
+    gemm_qk<Cfg>(S, Q_i, s.k[cur.stage]);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::s_issued);
+    const Slot<Cfg> prev(t.kv0 + j - 1);
+    mbarrier_wait(&s.v_full[prev.stage], prev.phase);
+    gemm_pv<Cfg, T, D>(O, P_op, s.v[prev.stage]);
+    turn.pass_turn();
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::gemms_issued);
+    wgmma_wait<1>();  // S_ij has landed; the P V is still running
+    pin_registers(S);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::s_landed);
+    release_kv(&s.k_empty[cur.stage]);
+    release_q_after(s, t, j);
+    if (block_needs_mask<Cfg>(j, wg_row0, p)) mask_block<Cfg>(S, j, wg_row0, p);
+    // The softmax of S_ij, under the P V: it reads and writes S only (O_i and P_op belong
+    // to the wgmma until the wait), and the wait stays below its exponentials.
+    online_softmax<Cfg>(S, m, l, alpha, p.scale_log2);
+    hold_wait_below(l[0] + l[1]);
+    wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
+    pin_registers(O);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::pv_landed);
+    release_kv(&s.v_empty[prev.stage]);
+    rescale<D>(O, alpha);  // every block: no lazy rescaling
+    to_operand<Cfg, T>(S, P_op);
+    timeline_mark_block(t.seq, j, t.n_blocks, Mark::block_end);
+  }
+  // The last block's O_i += P V.
+  const Slot<Cfg> last(t.kv0 + t.n_blocks - 1);
+  timeline_mark(t.seq, Mark::loop_done);
+  mbarrier_wait(&s.v_full[last.stage], last.phase);
+  gemm_pv<Cfg, T, D>(O, P_op, s.v[last.stage]);
+  wgmma_wait<0>();
+  pin_registers(O);
+  timeline_mark(t.seq, Mark::last_pv_done);
+  release_kv(&s.v_empty[last.stage]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Consumer warpgroup turn.wg: the pipeline above for its 64 rows of Q_i.
+// ---------------------------------------------------------------------------------------
+
+template <class Cfg, int D, typename T, class Smem>
+__device__ void consume(Smem& s, const Params<T>& p, const Tile& t, const TurnTaking<Cfg>& turn) {
+  constexpr int B_c = Cfg::B_c;
+  const int wg_row0 = t.row0 + turn.wg * kWarpgroupRows;
+
+  float O[D / 2];                       // O_i accumulator (fp32, wgmma layout)
+  uint32_t P_op[B_c / Cfg::kK][4];      // P_ij as the A operand of the P V wgmma
+  float m[2] = {-INFINITY, -INFINITY};  // m_i: running row max (scaled scores, log2 units)
+  float l[2] = {0.f, 0.f};              // l_i: running row sum, this thread's columns
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) O[i] = 0.f;
+
+  if (t.n_blocks == 0)
+    release_q_after(s, t, -1);  // a tile with no visible K/V block never reads Q_i
+  else
+    overlapped_blocks<Cfg, D>(s, p, t, turn, wg_row0, O, P_op, m, l);
+  write_output<D, T>(O, m, l, t.bh, wg_row0, p);
+  timeline_mark(t.seq, Mark::output_done);
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernel: each CTA walks its tiles (B_r query rows, head, batch); see Schedule.
+// ---------------------------------------------------------------------------------------
+
+// Thread 0 sets up the Q barrier and the K/V ring's full/empty barriers; everyone waits.
+template <class Cfg, class Smem>
+__device__ inline void init_barriers(Smem& s) {
+  if (threadIdx.x == 0) {
+    constexpr uint32_t kConsumerWarps = Cfg::kConsumers * Cfg::kWarpsPerWg;
+    mbarrier_init(&s.q_full, 1);
+    mbarrier_init(&s.q_empty, kConsumerWarps * 32);  // every consumer thread (release_q_after)
+    for (int i = 0; i < Cfg::kStages; ++i) {
+      mbarrier_init(&s.k_full[i], 1);  // the producer's arrive.expect_tx; then the bytes
+      mbarrier_init(&s.v_full[i], 1);
+      mbarrier_init(&s.k_empty[i], kConsumerWarps);  // one arrival per consumer warp (release_kv)
+      mbarrier_init(&s.v_empty[i], kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_forward(const __grid_constant__ Params<T> p) {
+  using Cfg = Config<D, T>;
+  using Smem = SharedStorage<Cfg, T, D>;
+  extern __shared__ uint8_t smem_raw[];
+  Smem& s = aligned_shared<Smem>(smem_raw);
+  init_barriers<Cfg>(s);
+  const int wg = threadIdx.x / Cfg::kWgThreads;
+  if (wg == 0) {  // the producer gives registers back; its first warp issues every copy
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x < 32) produce_tiles<Cfg>(s, p);
+  } else {  // the consumers take them, and take turns that run on from one tile to the next
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const TurnTaking<Cfg> turn{wg - 1};
+    turn.start();
+    consume_tiles<Cfg>(s, p, [&](const Tile& t) { consume<Cfg, D>(s, p, t, turn); });
+    turn.finish();
+  }
+}
+
+template <int D, typename T>
+void launch(const AttnProblem& pr, const AttnTensors& tensors, Schedule schedule, cudaStream_t stream) {
+  using Cfg = Config<D, T>;
+  constexpr auto kKernel = fa3_forward<D, T>;
+  constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
+  const int ctas_per_sm = configure_kernel<kKernel>(Cfg::kThreads, kSmemBytes);
+
+  constexpr CUtensorMapDataType kType = tensor_map_type<T>();
+  constexpr int kBytes = int(sizeof(T));
+  Params<T> p{};
+  p.q_map = make_tensor_map_3d(tensors.q, kType, pr.B * pr.H, pr.Nq, D, kWarpgroupRows, kBytes, Cfg::kSwizzle);
+  p.k_map = make_tensor_map_3d(tensors.k, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
+  p.v_map = make_tensor_map_3d(tensors.v, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
+  p.o = static_cast<T*>(tensors.o);
+  p.lse = tensors.lse;
+  set_problem<Cfg::B_r>(p, pr, sizeof(T));
+
+  const unsigned grid = grid_size(p.n_tiles, schedule, ctas_per_sm);
+  p.unit_counter = unit_counter(tensors, 0, schedule, pr.causal, stream);
+  kKernel<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn::fa3::fp8b
