@@ -93,11 +93,11 @@ template <typename T, class Cfg>
 __device__ __forceinline__ void qk_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4], const T* sQ, const T* sK,
                                         int warp_row0, int lane) {
   constexpr int D = Cfg::kD;
-  // A = Q_i rows: matrices (rows 0-7 | 8-15) x (chunk 2kk | 2kk+1) -> lane row l % 16, chunk l / 16.
+  // A = Q_i rows: matrices (rows 0-7 | 8-15) x (chunk 2kk | 2kk+1) -> lane row l % 16, chunk l / 16.  // LAB:BEGIN 05ldm.qk_lanes
   const uint32_t q_base = lane_row<Cfg>(sQ, warp_row0 + lane % 16, lane / 16);
   // B = K_j^T: K_j rows are B's columns, so no transpose. Matrices (keys 0-7, chunk 2kk),
   // (keys 0-7, 2kk+1), (keys 8-15, 2kk), (keys 8-15, 2kk+1) -> key l % 8 + 8 (l / 16), chunk (l / 8) % 2.
-  const uint32_t k_base = lane_row<Cfg>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+  const uint32_t k_base = lane_row<Cfg>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);  // LAB:END
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
@@ -255,9 +255,9 @@ __device__ __forceinline__ void pv_tile(float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::k
                                         const uint32_t (&P_ij)[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4], const T* sV,
                                         int lane) {
   constexpr int D = Cfg::kD;
-  // V_j rows are B's k index, so transpose on load. Matrices (keys 0-7, chunk 2dp),
+  // V_j rows are B's k index, so transpose on load. Matrices (keys 0-7, chunk 2dp),  // LAB:BEGIN 05ldm.v_lanes
   // (keys 8-15, 2dp), (keys 0-7, 2dp+1), (keys 8-15, 2dp+1) -> key l % 16, chunk l / 16.
-  const uint32_t v_base = lane_row<Cfg>(sV, lane % 16, lane / 16);
+  const uint32_t v_base = lane_row<Cfg>(sV, lane % 16, lane / 16);  // LAB:END
 #pragma unroll
   for (int kk = 0; kk < Cfg::kWarpKeys / 16; ++kk)
 #pragma unroll

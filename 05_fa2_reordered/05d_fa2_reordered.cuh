@@ -221,11 +221,11 @@ __device__ __forceinline__ float exp_row(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>:
   return row_sum;
 }
 
-// Algorithm 1, lines 9-10 for row `half` of 16-row tile mt, given m_i^(j) = row_max =
-// max(m_i^(j-1), rowmax(S_ij)): P_ij = exp(S_ij - m_i^(j)),
-// l_i^(j) = e^(m_i^(j-1) - m_i^(j)) l_i^(j-1) + rowsum(P_ij), O_i *= e^(m_i^(j-1) - m_i^(j)).
-// P_ij overwrites S_ij. Delayed normalization: O_i is not divided by l_i here, and l_i is
-// this thread's partial row sum; the 4 lanes of a row add theirs once, after the loop.
+// Algorithm 1, lines 9-10 for row `half` of 16-row tile mt, given its new maximum
+// m_i^(j) = row_max = max(m_i^(j-1), rowmax(S_ij)): P_ij, against m_i^(j), in place of S_ij,
+// and l_i, O_i (when rescale_o) moved from the old maximum to the new one, m_i set to it.
+// Delayed normalization: O_i is not divided by l_i here, and l_i is this thread's partial
+// row sum; the 4 lanes of a row add theirs once, after the loop.
 template <class Cfg, bool kMasked>
 __device__ __forceinline__ void softmax_row(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
                                             float (&O_i)[Frag<Cfg>::kM][Frag<Cfg>::kO][4],

@@ -72,9 +72,13 @@ ProbeResult ring() {
   CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<int> s = stage.host(kN);
   const std::vector<unsigned> ph = phase.host(kN);
-  for (int it = 0; it < kN; ++it) {
-    const int want_stage = it % Cfg::kStages;
-    const unsigned want_phase = unsigned(it / Cfg::kStages) & 1;
+  // The ring played in order, so that the probe checks the ring's rules rather than restating the
+  // answer: block 0 takes stage 0, each block the stage after the previous block's (stage 0
+  // after the last one), and a stage's barriers test the parity of its earlier uses.
+  std::vector<int> uses(Cfg::kStages, 0);
+  int want_stage = 0;
+  for (int it = 0; it < kN; ++it, want_stage = want_stage + 1 == Cfg::kStages ? 0 : want_stage + 1) {
+    const unsigned want_phase = unsigned(uses[want_stage]++) & 1;
     if (s[it] != want_stage || ph[it] != want_phase)
       return {true, false, false,
               "Slot(" + std::to_string(it) + ") = {stage " + std::to_string(s[it]) + ", phase " +

@@ -22,6 +22,7 @@ stub. Standard library only.
 
 import argparse
 import base64
+import importlib.util
 import json
 import os
 import re
@@ -372,15 +373,22 @@ def make_copy(ex_id, out, only_needed=False, root=REPO, quiet=False):
         fail("--out must not be the repository itself")
     if out.exists() and any(out.iterdir()) and not is_repo_copy(out):
         fail(f"{out} exists and is not a copy of this repository; choose an empty or new directory")
-    files = tree_files(root)
+    all_files = tree_files(root)
+    files = [f for f in all_files if f not in ex.get("withhold", [])]
     if only_needed:
         files = [f for f in files if not re.match(r"0\d_", f) or f.split("/")[0] in ex["rungs"]]
+    for rel in set(all_files) - set(files):  # an earlier copy in out may hold it
+        if (out / rel).is_file():
+            (out / rel).unlink()
     region_files = {r["file"] for r in ex["regions"]}
+    absent = absent_targets(all_files, files)
     changed = 0
     for rel in files:
         src = root / rel
         if rel in region_files:
             data = "".join(stubbed(read_lines(src), rel, ex))
+        elif rel.endswith(".md") and absent:
+            data = unlinked(src.read_text(encoding="utf-8"), rel, absent)
         elif rel == TABLE.as_posix():
             data = copy_table(table)
         elif rel == SOURCE_SHA.as_posix():
@@ -395,6 +403,34 @@ def make_copy(ex_id, out, only_needed=False, root=REPO, quiet=False):
         print(f"lab {ex_id}: {len(files)} files in {out} ({changed} written), the regions "
               f"{', '.join(r['name'] for r in ex['regions'])} stubbed; start with {out / 'EXERCISE.md'}")
     return out
+
+
+# A markdown link or image: [text](target) or ![text](target), the target relative.
+MD_LINK = re.compile(r"(!?)\[([^\[\]\n]*)\]\(((?!https?:|mailto:|#)[^)\s]+)\)")
+
+
+def absent_targets(all_files, kept):
+    """What a copy that holds `kept` of the tree's files `all_files` lacks: the files left out, and
+    the directories none of whose files it holds (set of relative paths)."""
+    kept = set(kept)
+    absent = set(all_files) - kept
+    dirs_kept = {"/".join(f.split("/")[:k]) for f in kept for k in range(1, f.count("/") + 1)}
+    absent |= {"/".join(f.split("/")[:k]) for f in absent for k in range(1, f.count("/") + 1)} - dirs_kept
+    return absent
+
+
+def link_target(md_rel, target):
+    """The path (relative to the tree's top) that a relative link in md_rel names, or None."""
+    path = os.path.normpath(os.path.join(os.path.dirname(md_rel), target.split("#")[0]))
+    return None if path.startswith("..") else Path(path).as_posix().rstrip("/")
+
+
+def unlinked(text, md_rel, absent):
+    """A lesson's text with each link to a file or directory the copy lacks (absent) turned into
+    its plain text, so that the copy holds no broken link (and its lines keep their numbers)."""
+    def plain(m):
+        return m.group(2) if link_target(md_rel, m.group(3)) in absent else m.group(0)
+    return MD_LINK.sub(plain, text)
 
 
 def exercise_md(table, ex, copy, root):
@@ -421,6 +457,10 @@ def exercise_md(table, ex, copy, root):
                     line = r.begin
         link = f"[`{spec['file']}:{line}`]({spec['file']}#L{line})" if line else f"`{spec['file']}`"
         md.append(f"| `{spec['name']}` | {link} | {spec['task']} |")
+    if ex.get("withhold"):
+        md += ["", "Not in this copy, because they hold this lab's answer in some form (the lab build does not "
+               "compile them; the lessons name them as plain text): "
+               + ", ".join(f"`{f}`" for f in ex["withhold"]) + "."]
     tiers = max(len(spec["hints"]) for spec in ex["regions"])
     md += ["", "## Hints", "",
            f"Try without them first. Each region has {tiers} tiers: 1 names the idea, 2 says where and how in this "
@@ -742,6 +782,15 @@ def verify(root=REPO):
                 errors.append(f"{where}: build entry {name} is a list in none of its rungs' CMakeLists.txt")
         if ex.get("probe") and not (root / ex["probe"]).is_file():
             errors.append(f"{where}: probe {ex['probe']} does not exist")
+        for f in ex.get("withhold", []):  # files the copy leaves out (make); lab.py ci proves the build needs none
+            if not (root / f).is_file():
+                errors.append(f"{where}: withholds {f}, which is not a file of the repository")
+            elif f in {r.get("file") for r in ex["regions"]} or f == ex.get("probe"):
+                errors.append(f"{where}: withholds {f}, which holds one of its regions or its probe")
+            elif f.split("/")[0] in ("lab", "scripts", "cmake", "common", "bench", "ladder") or f.endswith(
+                    ("CMakeLists.txt", ".cmake", ".md")):
+                errors.append(f"{where}: withholds {f}: the lab build, its tools and its lessons need it; "
+                              "withhold a rung's kernel file instead")
         for r in ex["regions"]:
             for key in ("name", "file", "task", "stub", "hints", "forbidden"):
                 if not r.get(key):
@@ -797,32 +846,71 @@ def squeeze(text):
     return re.sub(r"\s+", "", text)
 
 
-def comment_blocks(lines, skip=()):
-    """The // comments of a file, consecutive lines joined, leaving out the line ranges in skip
-    ((begin, end), 1-based, inclusive): [(first line, text)]."""
-    blocks, current, start = [], [], 0
+# What audit reads in a student copy for the regions' answers: every source, build and script
+# file (the region files, the other step files, the harness, the tests, the scripts), the
+# sheets (lab/text/*.md) and EXERCISE.md. The lessons (the rungs' .md, README.md, LABS.md) may
+# print the algorithm, and are not read; the copy's table holds the forbidden expressions
+# base64-encoded and is read as text (cmd audit).
+AUDIT_SUFFIXES = {".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc", ".c", ".in", ".cmake", ".py", ".sh"}
+AUDIT_NAMES = {"CMakeLists.txt", "EXERCISE.md"}
+
+
+def audited(rel):
+    return (Path(rel).suffix in AUDIT_SUFFIXES or Path(rel).name in AUDIT_NAMES
+            or (rel.startswith("lab/text/") and rel.endswith(".md")))
+
+
+def squeezed_lines(lines, skip=()):
+    """The file's text squeezed (squeeze()), the lines in skip ((begin, end), 1-based, inclusive)
+    left out, and for each character of it the line it comes from: (text, line of each char)."""
+    text, where = [], []
     for n, line in enumerate(lines, 1):
-        inside = any(b <= n <= e for b, e in skip)
-        k = line.find("//")
-        if k < 0 or inside:
-            if current:
-                blocks.append((start, " ".join(current)))
-            current = []
+        if any(b <= n <= e for b, e in skip):
             continue
-        if not current:
-            start = n
-        current.append(line[k + 2:].strip())
-    if current:
-        blocks.append((start, " ".join(current)))
-    return blocks
+        s = squeeze(line)
+        text.append(s)
+        where += [n] * len(s)
+    return "".join(text), where
+
+
+def squeezed_comments(lines, rel, skip=()):
+    """The file's comments (// in C, CUDA and .in files, # in Python, shell and CMake), squeezed,
+    consecutive comment lines joined (so that a formula broken over two comment lines is found),
+    the lines in skip left out: (text, line of each char), like squeezed_lines. A line without a
+    comment breaks the text with a character no expression contains."""
+    marker = "#" if Path(rel).suffix in {".py", ".sh", ".cmake"} or Path(rel).name == "CMakeLists.txt" else "//"
+    text, where = [], []
+    for n, line in enumerate(lines, 1):
+        k = line.find(marker)
+        if k < 0 or any(b <= n <= e for b, e in skip):
+            text.append("\0")
+            where.append(n)
+            continue
+        c = squeeze(line[k + len(marker):])
+        text.append(c)
+        where += [n] * len(c)
+    return "".join(text), where
+
+
+def found_at(key, text, where):
+    """The lines at which key starts in a squeezed text (squeezed_lines, squeezed_comments)."""
+    lines, k = set(), text.find(key)
+    while k >= 0:
+        lines.add(where[k])
+        k = text.find(key, k + 1)
+    return lines
 
 
 def audit_exercise(table, ex, work, root=REPO):
     """What a student copy of ex gives away or breaks: (errors, notes). A copy must not hold the
-    reference's key expressions of a region (its `forbidden` list) in the stub, in the comments
-    left in the region files, in EXERCISE.md, in the copy's table or in hint tiers 1 and 2; the
-    regions keep their line numbers, so every lesson's file:line link into a region file shows
-    the same line as in the reference (outside the stubbed regions)."""
+    reference's key expressions of a region (its `forbidden` list) in the stub, in the copy's
+    table, in hint tiers 1 and 2, or anywhere in a file that audited() names (every source,
+    header, build and script file, code or comment, the sheets and EXERCISE.md: the other
+    step files of a rung, which hold the same functions written out, included; the exercise's
+    `withhold` leaves such files out of the copy); a known leak listed in `leaks_pending` is
+    reported, not failed. The regions keep their line numbers, so every lesson's file:line link
+    into a region file shows the same line as in the reference (outside the stubbed regions), and
+    no lesson links a file the copy lacks."""
     errors, notes = [], []
     copy = make_copy(ex["id"], work / ex["id"], root=root, quiet=True)
     where = f"lab {ex['id']}"
@@ -863,45 +951,72 @@ def audit_exercise(table, ex, work, root=REPO):
             if line > len(stu) or line > len(ref) or ref[line - 1] != stu[line - 1]:
                 errors.append(f"{where}: {md.relative_to(copy)} links {rel}:{line}, which shows another line "
                               "in the copy than in the reference")
-    # The answers.
-    texts = [("EXERCISE.md", (copy / "EXERCISE.md").read_text(encoding="utf-8")),
-             (TABLE.as_posix() + " (the copy's)", (copy / TABLE).read_text(encoding="utf-8"))]
+    # No link of the copy's .md files names a file or directory that the reference has and the copy
+    # lacks (make turns links into withheld files into plain text).
+    for md in sorted(copy.rglob("*.md")):
+        rel_md = md.relative_to(copy).as_posix()
+        for m in MD_LINK.finditer(md.read_text(encoding="utf-8", errors="replace")):
+            target = link_target(rel_md, m.group(3))
+            if target and not (copy / target).exists() and (root / target).exists():
+                errors.append(f"{where}: {rel_md} links {m.group(3)}, which the copy does not hold")
+    # And the lessons' link rules of scripts/check_docs.py (a file that exists, a line that shows
+    # the symbol the link names), run on the copy.
+    docs = copy / "scripts" / "check_docs.py"
+    if docs.is_file():
+        spec = importlib.util.spec_from_file_location(f"check_docs_{ex['id']}", docs)
+        check_docs = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(check_docs)
+        check_docs.REPO = copy
+        errors += [f"{where}: in the copy, broken link {b}" for b in check_docs.broken_links()]
+        errors += [f"{where}: in the copy, link to the wrong line: {b}" for b in check_docs.misnamed_links()]
+    # The answers: in the copy's table, the hints of tiers 1 and 2 and the stubs, and in every
+    # file of the copy that audited() names (code and comments alike, outside the stubs).
+    texts = [(TABLE.as_posix() + " (the copy's)", (copy / TABLE).read_text(encoding="utf-8"))]
     for spec in ex["regions"]:
         for k, h in enumerate(spec["hints"][:2], 1):
             texts.append((f"hint tier {k} of {spec['name']}", hint_text(h)))
-    comment_texts = []
     for rel in files:
         stu = read_lines(copy / rel)
         for r in scan_lines(stu, rel)[0]:
             if r.name in {s["name"] for s in ex["regions"]}:
                 texts.append((f"the stub of {r.name} ({rel}:{r.begin})", "".join(stu[r.begin - 1:r.end])))
-        for line, text in comment_blocks(stu, stubbed_ranges[rel]):
-            comment_texts.append((rel, line, text))
+    keys = []
     for spec in ex["regions"]:
         reference = squeeze("".join(read_lines(root / spec["file"])) + hint_text(spec["hints"][-1]))
         for bad in spec.get("forbidden", []):
             key = squeeze(bad)
+            keys.append((spec, bad, key))
             if key not in reference:
                 errors.append(f"{where}: forbidden text of {spec['name']} is neither in {spec['file']} nor in its "
                               f"last hint, so it guards nothing: {bad!r}")
             for what, text in texts:
                 if key in squeeze(text):
                     errors.append(f"{where}: {what} gives {spec['name']}'s answer away: {bad!r}")
-            for rel, line, text in comment_texts:
-                if key in squeeze(text):
-                    if (rel, key) in pending:
-                        seen_pending.add((rel, key))
-                        notes.append(f"{where}: {rel}:{line}: a comment still states {bad!r} "
-                                     f"(pending: {pending[(rel, key)]['why']})")
-                    else:
-                        errors.append(f"{where}: the comment at {rel}:{line} gives {spec['name']}'s answer away: "
-                                      f"{bad!r}")
+    scanned = 0
+    for rel in tree_files(copy):
+        if not audited(rel) or rel == TABLE.as_posix():
+            continue
+        try:
+            lines = read_lines(copy / rel)
+        except UnicodeDecodeError:
+            continue
+        scanned += 1
+        skip = stubbed_ranges.get(rel, ())
+        code, comments = squeezed_lines(lines, skip), squeezed_comments(lines, rel, skip)
+        for spec, bad, key in keys:
+            for line in sorted(found_at(key, *code) | found_at(key, *comments)):
+                if (rel, key) in pending:
+                    seen_pending.add((rel, key))
+                    notes.append(f"{where}: {rel}:{line} still states {bad!r} "
+                                 f"(pending: {pending[(rel, key)]['why']})")
+                else:
+                    errors.append(f"{where}: {rel}:{line} gives {spec['name']}'s answer away: {bad!r}")
     for (rel, key), p in pending.items():
         if (rel, key) not in seen_pending:
-            errors.append(f"{where}: leaks_pending lists {p['text']!r} in {rel}, which no comment there states "
-                          "any more: remove the entry")
+            errors.append(f"{where}: leaks_pending lists {p['text']!r} in {rel}, which that file no longer "
+                          "states: remove the entry")
     notes.append(f"{where}: {len(files)} region file(s) keep their line count; {links} lesson links into them "
-                 f"checked; {sum(len(s.get('forbidden', [])) for s in ex['regions'])} forbidden expressions absent")
+                 f"checked; {len(keys)} forbidden expressions looked for in {scanned} files")
     return errors, notes
 
 
