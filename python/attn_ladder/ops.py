@@ -186,7 +186,12 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
         raise ValueError("descale must be (q_descale, k_descale, v_descale)")
     if _CPP_LIBRARY:
         # Nothing but the call: the C++ operator checks, refuses a gradient request through a
-        # rung without a backward pass, allocates and launches.
+        # rung without a backward pass, allocates and launches. Tensors off the GPU are refused
+        # here first: the C++ operator with CPU tensors crashed the process on an H200 (torch
+        # 2.11) instead of raising its ValueError; cause not found yet.
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not t.is_cuda:
+                raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
         try:
             if descale is None:
                 o, lse = _attention(q, k, v, rung, bool(causal), float(scale), bool(fp8))
