@@ -1048,6 +1048,10 @@ def cmd_ci(args):
     table = load_table()
     work = Path(args.work).resolve()
     has_gpu = detect_arch(80) is not None
+    if has_gpu and args.skip_with_gpu:  # CTest lab_stubs: its point is the grader's skip without a GPU
+        print(f"lab ci: skipped: a GPU is here, so the graders would not be asked to skip; "
+              f"'scripts/lab.py selftest' builds and grades every lab on it (CI, without a GPU, runs this)")
+        return SKIP_RC
     ids = args.ids or [ex["id"] for ex in ready_exercises(table)]
     failed, total = [], time.monotonic()
     for ex_id in ids:
@@ -1196,6 +1200,8 @@ def main():
     p.add_argument("--ids", nargs="*")
     p.add_argument("--arch", help="CMAKE_CUDA_ARCHITECTURES (default 90a)")
     p.add_argument("-j", "--jobs", type=int)
+    p.add_argument("--skip-with-gpu", action="store_true",
+                   help=f"exit {SKIP_RC} (skipped) where a GPU is found: the graders' skip can only be tested without one")
     p.set_defaults(fn=cmd_ci)
     p = sub.add_parser("selftest", help="on a GPU: stubs fail, references pass, rebuild times")
     p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "attn-lab-selftest"))

@@ -26,7 +26,7 @@ skip_demo.PassesAndSkips Passed
 skip_demo.Skips Skipped
 skip_demo.Then/After Passed"
 # "1/5 Test #1: skip_demo.Passes ........   Passed    0.01 sec" -> "skip_demo.Passes Passed"
-reported=$(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.*[ *]*([A-Za-z]+).*/\1 \2/p' "$build.ctest.log" | sort)
+reported=$(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.*[ *]*([A-Za-z]+).*/\1 \2/p' "$build.ctest.log" | LC_ALL=C sort)
 if [[ $reported != "$expected" ]]; then
   echo "check.sh: $version: CTest reported"
   echo "$reported"
