@@ -151,8 +151,9 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 // A positive scale that stays positive and finite in fp32: the C API reads 0 as "the default".
 void check_scale(double scale) {
-  const float as_fp32 = static_cast<float>(scale);
-  TORCH_CHECK_VALUE(scale > 0 && as_fp32 > 0 && std::isfinite(as_fp32),
+  // Compared in double first: converting a double past FLT_MAX to float is undefined.
+  const bool in_range = scale > 0 && scale <= double(std::numeric_limits<float>::max());
+  TORCH_CHECK_VALUE(in_range && static_cast<float>(scale) > 0.f,
                     "scale must be positive and finite in fp32 (None means 1/sqrt(d)), got ", scale);
 }
 

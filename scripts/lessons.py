@@ -20,7 +20,9 @@ and fp8_speed.csv of the results folder. metric is one of
                   decode.csv and decode_peers.csv
     backward      TFLOPS of the backward passes (rungs named <rung>_bwd, FLOPs 2.5x the
                   forward's) by N, from backward.csv and backward_peers.csv
-causal=0 or causal=1 restricts tflops to one mask (default both). With --check nothing is
+causal=0 or causal=1 restricts tflops to one mask (default both). from=results/<gpu>/<file>.csv
+takes a tflops block's rows from that CSV (attn_bench's row schema) instead of the results
+folder: the step lessons quote the step bench, results/nvidia_h200/steps.csv. With --check nothing is
 written: it exits 1 naming each block that differs from what the CSVs give, so a lesson
 cannot quote numbers other than the reference run's. Standard library only.
 """
@@ -210,8 +212,23 @@ def table_decode(data, rung):
     return out, caption(rows, [f"{data.rel}/decode.csv", f"{data.rel}/decode_peers.csv"], what)
 
 
+class CsvData(Data):
+    """One attn_bench CSV as the rows of a block (from=...)."""
+
+    def __init__(self, path):  # noqa: super().__init__ not called: one file, not a folder
+        self.dir = path.parent
+        self.ladder = load(path)
+        self.peers = self.fp8 = self.op = self.decode = self.backward = []
+        self.rel = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+
+    def files_of(self, rows):
+        return [self.rel] if rows else []
+
+
 def render(data, args_text):
     args = dict(kv.split("=", 1) for kv in args_text.split())
+    if "from" in args:
+        data = CsvData(REPO / args["from"])
     metric = args.get("metric", "tflops")
     rungs = [r for r in args.get("rungs", "").split(",") if r]
     d = int(args.get("d", 128))

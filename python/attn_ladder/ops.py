@@ -26,6 +26,7 @@ attention() also returns it detached).
 import math
 import os
 import re
+import struct
 import warnings
 
 import torch
@@ -153,6 +154,15 @@ torch.library.register_fake(_NAME, _fake_attention)
 torch.library.register_fake(_NAME + "_backward", _fake_attention_backward)
 torch.library.register_fake(_NAME + "_e4m3", _fake_attention_e4m3)
 
+def _fp32_scale(scale):
+    """True where scale is positive and stays positive and finite in fp32 (the C API reads 0
+    as the default)."""
+    s = float(scale)
+    return 0 < s <= _FP32_MAX and struct.unpack("f", struct.pack("f", s))[0] > 0
+
+
+_FP32_MAX = struct.unpack("f", bytes.fromhex("ffff7f7f"))[0]
+
 # The C++ operator's refusals: "attn_ladder '<rung>' failed (<what>): <message>" (_capi's words).
 _FAILED = re.compile(r"attn_ladder '[^']*' failed \(([^)]*)\)")
 _CODES = {name: code for code, name in _capi._CODE_NAMES.items()}
@@ -186,12 +196,16 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
         raise ValueError("descale must be (q_descale, k_descale, v_descale)")
     if _CPP_LIBRARY:
         # Nothing but the call: the C++ operator checks, refuses a gradient request through a
-        # rung without a backward pass, allocates and launches. Tensors off the GPU are refused
-        # here first: the C++ operator with CPU tensors crashed the process on an H200 (torch
-        # 2.11) instead of raising its ValueError; cause not found yet.
+        # rung without a backward pass, allocates and launches. Two of its refusals are made
+        # here first, in its words: on an H200 (torch 2.11) test_bad_inputs_through_the_operator
+        # crashed the process (SIGSEGV) inside the C++ call with a scale that fp32 cannot hold,
+        # where it should have raised ValueError; the cause is not found yet (the same throw
+        # raised ValueError with CPU tensors on a machine without a GPU).
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not t.is_cuda:
                 raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        if not _fp32_scale(scale):
+            raise ValueError(f"scale must be positive and finite in fp32 (None means 1/sqrt(d)), got {scale}")
         try:
             if descale is None:
                 o, lse = _attention(q, k, v, rung, bool(causal), float(scale), bool(fp8))
