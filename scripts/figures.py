@@ -711,6 +711,171 @@ def fig_06c(path):
                        "The turn orders the S GEMMs WG 1, WG 2, WG 1, ...: the schedule 06b fell into by itself (06c.md).")
 
 
+def overlap_sim(consumers, blocks, gemm, soft):
+    """06d1's intra-warpgroup overlap on top of 06c's turns: per block a warpgroup issues
+    S_{j+1} and then P_j V_j back to back (the tensor cores run GEMMs in the order issued), runs
+    the softmax of S_{j+1} as soon as it lands, while P_j V_j runs, and issues again once both
+    are done. Returns (bars per warpgroup, tensor-core GEMMs, end)."""
+    tc_free, turn = 0.0, 0
+    t_next = [0.0] * consumers
+    j = [0] * consumers  # next S block to issue
+    bars = {w: [] for w in range(consumers)}
+    tc = []
+    while min(j) <= blocks:
+        w = turn
+        t = t_next[w]
+        gemms = (["S"] if j[w] < blocks else []) + (["PV"] if j[w] > 0 else [])
+        start = max(t, tc_free)
+        s_end = pv_end = start
+        for kind in gemms:
+            tc.append((tc_free if tc_free > t else t, gemm, w))
+            begin = tc[-1][0]
+            tc_free = begin + gemm
+            if kind == "S":
+                s_end = tc_free
+            else:
+                pv_end = tc_free
+        if start > t:
+            bars[w].append((t, start - t, C_WAIT, ""))
+        busy_end = pv_end
+        if j[w] < blocks:
+            if s_end > start:
+                bars[w].append((start, s_end - start, "#b0c4e8", "S"))
+            bars[w].append((s_end, soft, C_SOFT, "softmax"))
+            busy_end = max(s_end + soft, pv_end)
+            if pv_end > s_end + soft:
+                bars[w].append((s_end + soft, pv_end - s_end - soft, C_WAIT, ""))
+        t_next[w] = busy_end
+        j[w] += 1
+        turn = (w + 1) % consumers
+    return bars, tc, max(t_next)
+
+
+@figure("06_fa3_hopper/figures/06d1_overlap.png")
+def fig_06d1(path):
+    c, gemm, soft = step_durations()
+    blocks = 4
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5.4), sharex=True)
+    for ax, (title, (bars, tc, end)) in zip(axes, (
+            ("06c: S, softmax, P V in order inside each warpgroup",
+             event_sim(c["consumers"], blocks, gemm, soft, turns=True)),
+            ("06d1: S_{j+1} and P_j V_j issued together; the softmax of S_{j+1} runs under P_j V_j",
+             overlap_sim(c["consumers"], blocks, gemm, soft)))):
+        rows = [(f"consumer WG {w + 1}", bars[w]) for w in range(c["consumers"])]
+        rows.append(("tensor cores", [(s, g, matplotlib.colors.to_rgba(cmap(w), 0.6), f"WG{w + 1}") for s, g, w in tc]))
+        gantt(ax, rows)
+        busy = sum(g for _, g, _ in tc) / end
+        ax.set_title(f"{title}\n{blocks} K/V blocks in {end:.0f} cycles, tensor cores busy {100 * busy:.0f} % (a model)",
+                     fontsize=9.5)
+    axes[1].annotate(f"GEMM = 2·64·{c['B_c']}·{c['d']} FLOP at {H100_FLOP_PER_CYCLE} FLOP/cycle ≈ {gemm:.0f} cycles; "
+                     f"softmax ≈ {soft:.0f} cycles (06d's, measured: tile_timeline.txt). Grey: waiting; light blue: S running.",
+                     xy=(0, 0), xycoords="axes fraction", xytext=(0, -36), textcoords="offset points", fontsize=8, va="top")
+    fig.tight_layout()
+    save(fig, path)
+
+
+@figure("06_fa3_hopper/figures/06d2_lazy_rescale.png")
+def fig_06d2(path):
+    (thr,) = parse("06_fa3_hopper/fa3_launch.h", r"kRescaleLog2 = ([\d.]+)f;", float)
+    Bc = fa3_config()["B_c"]
+    rng = np.random.default_rng(1)
+    blocks = 48
+    log2e = 1.0 / np.log(2)
+    fig, ax = plt.subplots(figsize=(8.5, 3.6))
+    for label, drift, color in (("N(0,1) scores", 0, C_GEMM), ("scores climbing along the keys", 12, C_SOFT)):
+        s = (rng.normal(0, 1, blocks * Bc) + np.linspace(0, drift, blocks * Bc)) * log2e
+        block_max = np.maximum.accumulate(s.reshape(-1, Bc).max(axis=1))
+        grew = int(np.sum(np.diff(block_max) > 0))
+        ref, lazy, refs = block_max[0], 0, []
+        for mx in block_max:
+            if mx - ref > thr:
+                ref, lazy = mx, lazy + 1
+            refs.append(ref)
+        jj = np.arange(blocks)
+        ax.plot(jj, block_max, color=color, label=f"{label}: running max")
+        ax.step(jj, refs, where="post", color=color, ls="--", lw=1,
+                label=f"m_i used: O_i rescaled {lazy}× (lazy) against {grew}× (every growth)")
+    ax.set_xlabel(f"K/V block j (B_c = {Bc}, 06d's tile at d = 128)")
+    ax.set_ylabel("row max (log2 units)")
+    ax.set_title(f"06d2: m_i moves only when a row max grows by more than {thr:g} (kRescaleLog2); "
+                 f"P ≤ 2^{thr:g} meanwhile", fontsize=9.5)
+    ax.legend(fontsize=7.5, loc="upper left")
+    ax.grid(alpha=0.3)
+    save(fig, path)
+
+
+def decode_split(B, Hkv, group, Nq, Nk, sms):
+    """fa2_decode.h's decode_split, on the constants parsed from it: (splits, keys per split, CTAs)."""
+    src = "05_fa2_reordered/fa2_decode.h"
+    (bc,) = parse(src, r"kDecodeBc = (\d+);")
+    (min_keys,) = parse(src, r"kDecodeMinSplitKeys = (\d+);")
+    (max_waves,) = parse(src, r"kDecodeMaxWaves = (\d+);")
+    (fill,) = parse(src, r"kDecodeWaveFill = ([\d.]+);", float)
+    (narrow,) = parse(src, r"kDecodeNarrowRows = (\d+);")
+    rows = group * Nq
+    row_blocks = -(-rows // (narrow if rows <= narrow else 64))
+    base = B * Hkv * row_blocks
+    most = max(1, min(Nk // min_keys, -(-(max_waves * sms) // base)))
+    keys_for = lambda n: -(-(-(-Nk // n)) // bc) * bc  # noqa: E731
+    eff = lambda sp: (base * sp / sms) / np.ceil(base * sp / sms)  # noqa: E731
+    best = max(eff(-(-Nk // keys_for(n))) for n in range(1, most + 1))
+    for n in range(1, most + 1):
+        sp = -(-Nk // keys_for(n))
+        if eff(sp) >= fill * best:
+            return sp, keys_for(n), base * sp
+    raise RuntimeError("decode_split found no split")
+
+
+@figure("05_fa2_reordered/figures/decode_splits.png")
+def fig_decode(path):
+    sms = 132  # an H100 SXM's (the reference run's) SMs
+    Hkv, group = 8, 4
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw=dict(width_ratios=[1.15, 1]))
+    ax = axes[0]
+    sp, keys, ctas = decode_split(1, Hkv, group, 1, 16384, sms)
+    blank(ax, (0, 20), (-2.2, 7.4))
+    ax.set_aspect("auto")
+    ax.set_title(f"B = 1, H = 32 over Hkv = 8, Nq = 1, Nk = 16k: {sp} splits of {keys} keys\n"
+                 f"per KV head → {ctas} CTAs on {sms} SMs (one wave)", fontsize=9.5)
+    ax.text(0.2, 6.5, f"per KV head: its {group} query heads packed as {group} rows of one tile (GQA)", fontsize=8.5)
+    xs = [0.2, 4.9, 9.6, 15.3]
+    labels = [(f"keys 0–{keys - 1}", "CTA 0"), (f"keys {keys}–{2 * keys - 1}", "CTA 1"), ("…", "…"),
+              (f"keys {(sp - 1) * keys}–{sp * keys - 1}", f"CTA {sp - 1}")]
+    for x, (k, c) in zip(xs, labels):
+        if k == "…":
+            ax.text(x + 1.5, 4.6, "…", fontsize=14, ha="center")
+            ax.text(x + 1.5, 2.2, "…", fontsize=14, ha="center")
+            continue
+        box(ax, x, 4.2, 4.2, 1.4, k, color="#e6ecf6", fs=8)
+        arrow(ax, (x + 2.1, 4.2), (x + 2.1, 3.2), text=" S_s = Q K_sᵀ, online softmax", fs=6.5)
+        box(ax, x, 1.8, 4.2, 1.4, f"{c}:\nO_s (fp32), lse_s", color="#fde2cc", fs=8)
+        arrow(ax, (x + 2.1, 1.8), (10, 0.1), color="#888888")
+    box(ax, 2.5, -1.9, 15, 2.0, "combine (rung 03's ⊕ over the splits):\nlse = log Σ_s e^(lse_s),   O = Σ_s e^(lse_s − lse) O_s",
+        color="#dff0d8", fs=8.5)
+    ax = axes[1]
+    nks = [1024, 2048, 4096, 16384, 131072]
+    for B, color in ((1, C_GEMM), (8, C_SOFT), (32, C_LOAD)):
+        got = [decode_split(B, Hkv, group, 1, nk, sms) for nk in nks]
+        ax.plot(range(len(nks)), [g[2] for g in got], "o-", color=color, label=f"B = {B}: B·Hkv = {B * Hkv} CTAs unsplit")
+        for x, g in enumerate(got):
+            below = B == 1  # B = 1 and 8 meet at 128 CTAs: one label under the line, one over it
+            ax.text(x, g[2] * (0.8 if below else 1.1), f"×{g[0]}", ha="center", fontsize=7.5, color=color)
+    ax.axhline(sms, color=C_HBM, ls="--", lw=1)
+    ax.text(len(nks) - 1, sms * 0.8, f"{sms} SMs: one wave", ha="right", fontsize=8, color=C_HBM)
+    ax.set_yscale("log", base=2)
+    ax.set_xticks(range(len(nks)))
+    ax.set_xticklabels([f"{n // 1024}k" for n in nks])
+    ax.set_xlabel("Nk (keys in the cache)")
+    ax.set_ylabel("CTAs of the split kernel")
+    ax.set_title("decode_split (fa2_decode.h): ×splits per (batch, KV head);\nat least 256 keys a split, "
+                 "the fewest splits whose last wave is nearly full", fontsize=9.5, pad=14)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save(fig, path)
+
+
 # ---------------------------------------------------------------- 06d and FP8: measured
 
 
