@@ -63,8 +63,8 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int first_row, 
   static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
   const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
   // One base plus constant offsets when a pass covers whole swizzle periods (the rows of a
-  // thread keep their swizzle). At d = 256, 4 rows per pass, a thread's rows alternate
-  // between two swizzles: the offset of each pass's row.
+  // thread keep their swizzle; 05c's tiles, d = 64 and 128, always do). The other branch is
+  // 05d's, where d = 256's 4 rows per pass alternate between two swizzles.
   const uint32_t dst0 = ptx::smem_u32(tile + tile_offset<Cfg>(r0, chunk));
   auto dst = [&](int pass) {
     if constexpr (kRowsPerPass % Cfg::Layout::kRowPeriod != 0)

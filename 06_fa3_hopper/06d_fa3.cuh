@@ -22,9 +22,9 @@
 //                             (settle_speculation);
 //   this file: the schedule   persistent CTAs: one CTA per SM walks tiles (causal: from a
 //                             counter), its producer loading the next tile while the
-//                             consumers finish; ping-pong only at d <= 128 (at d = 256 the
-//                             P V GEMM dominates and forced turns only add waiting, as in
-//                             FA3), and the d = 256 instance (the steps have 64 and 128).
+//                             consumers finish; ping-pong only at d <= 128 (at d = 256 both
+//                             GEMMs dominate the softmax and forced turns only add waiting,
+//                             as in FA3), and the d = 256 instance (the steps have 64, 128).
 //
 // Ablations kept as hooks: kCtaPairs (06d_cta_pairs: clusters of two CTAs share each K/V
 // block by TMA multicast), rescale_log2 = -inf (06d_eager_rescale), Schedule::

@@ -38,7 +38,7 @@ constexpr bool setmaxnreg_budgets_fit(int consumers, int producer_regs, int cons
   return producer_regs + consumers * consumer_regs <= (consumers + 1) * launch_regs;
 }
 
-// 06d's lazy rescaling (06d_fa3.cuh: online_softmax): a row max may grow by up to 8 in the
+// Lazy rescaling (from 06d2 on: online_softmax): a row max may grow by up to 8 in the
 // exponent's log2 units (a factor 2^8 in P) before O_i is rescaled, so P_ij <= 256 (fine in
 // bf16 and fp16, summed in fp32).
 constexpr float kRescaleLog2 = 8.f;

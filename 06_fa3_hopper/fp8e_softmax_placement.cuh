@@ -447,8 +447,8 @@ __device__ void overlapped_blocks(Smem& s, const Params& p, const Tile& t, const
     if constexpr (Cfg::kPvWaitFirst) wgmma_wait<0>();  // the softmax after the P V, all of it
     online_softmax<Cfg>(S, m, l, alpha, scales.s_log2);
     // ptxas schedules the wait below as early as it may, at the top of the softmax's basic
-    // block, and the rest of the softmax then runs after the
-    // P V instead of under it; the fence keeps it first.
+    // block, and the rest of the softmax then runs after the P V instead of under it; the
+    // fence keeps the softmax first.
     if constexpr (Cfg::kSoftmaxUnderPv) fence_schedule_after(l[0] + l[1]);
     wgmma_wait<0>();  // P_i(j-1) V_(j-1) has landed: O_i and P_op are free again
     pin_registers(O);

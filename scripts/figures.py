@@ -859,8 +859,9 @@ def fig_decode(path):
         got = [decode_split(B, Hkv, group, 1, nk, sms) for nk in nks]
         ax.plot(range(len(nks)), [g[2] for g in got], "o-", color=color, label=f"B = {B}: B·Hkv = {B * Hkv} CTAs unsplit")
         for x, g in enumerate(got):
-            below = B == 1  # B = 1 and 8 meet at 128 CTAs: one label under the line, one over it
-            ax.text(x, g[2] * (0.8 if below else 1.1), f"×{g[0]}", ha="center", fontsize=7.5, color=color)
+            below = B == 1  # B = 1 and 8 meet at 128 CTAs: one label beside the point, one over it
+            ax.text(x + (0.12 if below else 0), g[2] * (0.86 if below else 1.1), f"×{g[0]}",
+                    ha="left" if below else "center", fontsize=7.5, color=color)
     ax.axhline(sms, color=C_HBM, ls="--", lw=1)
     ax.text(len(nks) - 1, sms * 0.8, f"{sms} SMs: one wave", ha="right", fontsize=8, color=C_HBM)
     ax.set_yscale("log", base=2)
@@ -883,28 +884,33 @@ MEASURED_STEPS = [("K_j ready", C_WAIT), ("turn", "#999999"), ("issue S", C_GEMM
                   ("S lands", "#b0c4e8"), ("softmax under P V", C_SOFT), ("rescale, P → operand", "#f2c6a0")]
 
 
-def measured_timeline(path, kernel, n, title):
+def measured_timeline(path, kernel, n, title, softmax_step=("softmax under P V", "softmax of S_ij\n(P V_j−1 running)")):
+    """softmax_step: the legend and bar text of the step between S landing and the rescale
+    (06d: the softmax while P V runs; FP8 at d = 128 waits for P V first)."""
     m1, m2, head = tile_timeline(kernel, n)
+    steps = list(MEASURED_STEPS)
+    steps[5] = (softmax_step[0], steps[5][1])
     (whole,) = parse(REF.relative_to(REPO) / "tile_timeline.txt",
                      re.escape(head) + r"[\s\S]*?the whole block\s+[\d.]+ us\s+\((\d+) cycles\)")
     rows = []
     for label, marks in (("consumer WG 1", m1), ("consumer WG 2", m2)):
-        rows.append((label, [(marks[k], marks[k + 1] - marks[k], MEASURED_STEPS[k][1], "") for k in range(len(marks) - 1)]))
+        rows.append((label, [(marks[k], marks[k + 1] - marks[k], steps[k][1], "") for k in range(len(marks) - 1)]))
     fig, ax = plt.subplots(figsize=(10.5, 2.9))
     gantt(ax, rows, xlabel="SM cycles from WG 1's block_begin (medians over every tile)")
     for k in range(len(rows)):
         marks = m1 if k == 0 else m2
         y = 1 - k
         sm = (marks[5], marks[6])
-        ax.text((sm[0] + sm[1]) / 2, y, "softmax of S_ij\n(P V_j−1 running)", ha="center", va="center", fontsize=7.5)
+        ax.text((sm[0] + sm[1]) / 2, y, softmax_step[1], ha="center", va="center", fontsize=7.5)
         ax.text((marks[3] + marks[4]) / 2, y, "wait V_j−1,\nissue P V_j−1", ha="center", va="center", fontsize=7.5)
-        span = f"{whole} cycles (median block)" if k == 0 else f"{marks[-1] - marks[0]:.0f} cycles"
+        span = (f"{marks[-1] - marks[0]:.0f} cycles (step medians; whole-block median {whole})" if k == 0
+                else f"{marks[-1] - marks[0]:.0f} cycles")
         ax.text(marks[-1] + 20, y, span, va="center", fontsize=8)
-    handles = [Rectangle((0, 0), 1, 1, facecolor=col, edgecolor="black", lw=0.5) for _, col in MEASURED_STEPS]
-    ax.legend(handles, [s for s, _ in MEASURED_STEPS], fontsize=7.5, ncol=4, loc="upper center",
+    handles = [Rectangle((0, 0), 1, 1, facecolor=col, edgecolor="black", lw=0.5) for _, col in steps]
+    ax.legend(handles, [s for s, _ in steps], fontsize=7.5, ncol=4, loc="upper center",
               bbox_to_anchor=(0.5, -0.32), frameon=False)
     share = 100 * (m1[6] - m1[5]) / whole
-    ax.set_title(f"{title} (the softmax step: {share:.0f} % of WG 1's block)\n{head.split(':')[0]}: the middle K/V block, measured (results/nvidia_h100_80gb_hbm3/tile_timeline.txt)",
+    ax.set_title(f"{title} (step '{softmax_step[0]}': {share:.0f} % of WG 1's block)\n{head.split(':')[0]}: the middle K/V block, measured (results/nvidia_h100_80gb_hbm3/tile_timeline.txt)",
                  fontsize=9.5)
     ax.set_xlim(0, max(m1[-1], m2[-1]) * 1.15)
     save(fig, path)
@@ -917,7 +923,8 @@ def fig_06d(path):
 
 @figure("06_fa3_hopper/figures/fp8_timeline.png")
 def fig_fp8_timeline(path):
-    measured_timeline(path, "06_fp8", 4096, "06_fp8: the same block with e4m3 GEMMs at twice the rate")
+    measured_timeline(path, "06_fp8", 4096, "06_fp8: the same block with e4m3 GEMMs at twice the rate",
+                      softmax_step=("P V lands, then softmax", "P V_j−1 lands,\nthen the softmax"))
 
 
 @figure("06_fa3_hopper/figures/fp8_layouts.png")
