@@ -22,6 +22,7 @@
 #include "05_fa2_reordered/fa2_steps.h"
 #include "05_fa2_reordered/ptx.cuh"
 #include "common/check.h"
+#include "common/smem_limit.h"
 #include "common/stage.h"
 
 namespace attn::fa2::step_b {
@@ -454,17 +455,11 @@ Params<T> make_params(const AttnProblem& p, const AttnTensors& t) {
   return prm;
 }
 
-// Lets `kernel` use Cfg's shared memory; throws if this GPU has less per block.
+// Lets `kernel` use Cfg's shared memory; throws, naming both numbers, where this GPU has
+// less per block (common/smem_limit.h).
 template <class Cfg, class Kernel>
 void allow_smem(Kernel kernel) {
-  int device = 0, smem_optin = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (Cfg::kSmemBytes > smem_optin)
-    throw AttnError("05b_ldmatrix: the d = " + std::to_string(Cfg::kD) + " tile needs " +
-                    std::to_string(Cfg::kSmemBytes) + " bytes of shared memory per block; this GPU allows " +
-                    std::to_string(smem_optin));
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  allow_dynamic_smem(kernel, Cfg::kSmemBytes, "05b_ldmatrix: the d = " + std::to_string(Cfg::kD) + " tile");
 }
 
 template <typename T, int kD>

@@ -343,7 +343,6 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 // refusal here, before running (eagerly, and where AOTAutograd traces a compiled graph).
 std::tuple<Tensor, Tensor> attention_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                               c10::string_view rung, bool causal, double scale, bool fp8) {
-  check_inputs(q, k, v);  // before any redispatch: refuse tensors off the GPU here
   const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!needs_grad) {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -365,7 +364,6 @@ std::tuple<Tensor, Tensor> attention_e4m3_autograd(const Tensor& q, const Tensor
                                                    const Tensor& q_descale, const Tensor& k_descale,
                                                    const Tensor& v_descale, c10::string_view rung, bool causal,
                                                    double scale) {
-  check_inputs(q, k, v);  // before any redispatch: refuse tensors off the GPU here
   if (at::GradMode::is_enabled()) {
     for (const Tensor* t : {&q, &k, &v, &q_descale, &k_descale, &v_descale})
       TORCH_CHECK(!t->requires_grad(), no_backward_message(std::string(rung), 0, true));

@@ -500,6 +500,19 @@ def tile_at(m_blocks, heads, heads_per_section, unit):
     return first + r % here, m_blocks - 1 - r // here
 
 
+def lazy_rescales(scores_log2, B_c, threshold):
+    """One row's scores (log2 units) in blocks of B_c keys: the running max per block, the m_i
+    the lazy rule keeps (moved only when the max has grown by more than `threshold`), and how
+    many times O_i is rescaled lazily and when rescaling on any growth."""
+    block_max = np.maximum.accumulate(scores_log2.reshape(-1, B_c).max(axis=1))
+    ref, lazy, refs = block_max[0], 0, []
+    for mx in block_max:
+        if mx - ref > threshold:
+            ref, lazy = mx, lazy + 1
+        refs.append(ref)
+    return block_max, refs, lazy, int(np.sum(np.diff(block_max) > 0))
+
+
 @figure("05_fa2_reordered/figures/causal_order_lazy_rescale.png")
 def fig_05_causal_lazy(path):
     m_blocks, heads, sms, per_section = 8, 3, 5, 3
@@ -531,13 +544,7 @@ def fig_05_causal_lazy(path):
     ax = axes[2]
     for label, s, color in (("N(0,1) scores", rng.normal(0, 1, n_keys) * log2e, C_GEMM),
                             ("scores climbing along the keys", (rng.normal(0, 1, n_keys) + np.linspace(0, 12, n_keys)) * log2e, C_SOFT)):
-        block_max = np.maximum.accumulate(s.reshape(-1, Bc).max(axis=1))
-        eager = int(np.sum(np.diff(block_max) > 0))  # O_i rescaled whenever the max grows
-        ref, lazy, refs = block_max[0], 0, []
-        for mx in block_max:
-            if mx - ref > thr:
-                ref, lazy = mx, lazy + 1
-            refs.append(ref)
+        block_max, refs, lazy, eager = lazy_rescales(s, Bc, thr)  # eager: O_i rescaled whenever the max grows
         jj = np.arange(len(block_max))
         ax.plot(jj, block_max, color=color, label=f"{label}: running max")
         ax.step(jj, refs, where="post", color=color, ls="--", lw=1,
@@ -785,13 +792,7 @@ def fig_06d2(path):
     fig, ax = plt.subplots(figsize=(8.5, 3.6))
     for label, drift, color in (("N(0,1) scores", 0, C_GEMM), ("scores climbing along the keys", 12, C_SOFT)):
         s = (rng.normal(0, 1, blocks * Bc) + np.linspace(0, drift, blocks * Bc)) * log2e
-        block_max = np.maximum.accumulate(s.reshape(-1, Bc).max(axis=1))
-        grew = int(np.sum(np.diff(block_max) > 0))
-        ref, lazy, refs = block_max[0], 0, []
-        for mx in block_max:
-            if mx - ref > thr:
-                ref, lazy = mx, lazy + 1
-            refs.append(ref)
+        block_max, refs, lazy, grew = lazy_rescales(s, Bc, thr)
         jj = np.arange(blocks)
         ax.plot(jj, block_max, color=color, label=f"{label}: running max")
         ax.step(jj, refs, where="post", color=color, ls="--", lw=1,

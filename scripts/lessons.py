@@ -72,14 +72,18 @@ def caption(rows, files, what):
 
 
 class Data:
-    def __init__(self, results):
+    """A results folder's CSVs, or with `csv` (a block's from=) that one file's rows as the
+    ladder's and nothing else."""
+
+    def __init__(self, results, csv=None):
         self.dir = results
-        self.ladder = load(results / "ladder.csv")
-        self.peers = load(results / "peers.csv")
-        self.fp8 = load(results / "fp8_speed.csv")
-        self.op = load(results / "op.csv")
-        self.decode = load(results / "decode.csv") + load(results / "decode_peers.csv")
-        self.backward = load(results / "backward.csv") + load(results / "backward_peers.csv")
+        self.ladder_file = csv.name if csv else "ladder.csv"
+        self.ladder = load(results / self.ladder_file)
+        self.peers = [] if csv else load(results / "peers.csv")
+        self.fp8 = [] if csv else load(results / "fp8_speed.csv")
+        self.op = [] if csv else load(results / "op.csv")
+        self.decode = [] if csv else load(results / "decode.csv") + load(results / "decode_peers.csv")
+        self.backward = [] if csv else load(results / "backward.csv") + load(results / "backward_peers.csv")
         self.rel = results.relative_to(REPO).as_posix() if results.is_relative_to(REPO) else str(results)
 
     def rows(self, rungs, d, causal=None, dtype="bf16", backward=False):
@@ -89,7 +93,7 @@ class Data:
 
     def files_of(self, rows):
         names = []
-        for table, table_names in ((self.ladder, ["ladder.csv"]), (self.peers, ["peers.csv"]),
+        for table, table_names in ((self.ladder, [self.ladder_file]), (self.peers, ["peers.csv"]),
                                    (self.fp8, ["fp8_speed.csv"]), (self.backward, ["backward.csv", "backward_peers.csv"])):
             if any(r in table for r in rows):
                 names += [f"{self.rel}/{name}" for name in table_names]
@@ -212,23 +216,11 @@ def table_decode(data, rung):
     return out, caption(rows, [f"{data.rel}/decode.csv", f"{data.rel}/decode_peers.csv"], what)
 
 
-class CsvData(Data):
-    """One attn_bench CSV as the rows of a block (from=...)."""
-
-    def __init__(self, path):  # noqa: super().__init__ not called: one file, not a folder
-        self.dir = path.parent
-        self.ladder = load(path)
-        self.peers = self.fp8 = self.op = self.decode = self.backward = []
-        self.rel = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
-
-    def files_of(self, rows):
-        return [self.rel] if rows else []
-
-
 def render(data, args_text):
     args = dict(kv.split("=", 1) for kv in args_text.split())
     if "from" in args:
-        data = CsvData(REPO / args["from"])
+        path = REPO / args["from"]
+        data = Data(path.parent, csv=path)
     metric = args.get("metric", "tflops")
     rungs = [r for r in args.get("rungs", "").split(",") if r]
     d = int(args.get("d", 128))

@@ -26,7 +26,6 @@ attention() also returns it detached).
 import math
 import os
 import re
-import struct
 import warnings
 
 import torch
@@ -154,15 +153,6 @@ torch.library.register_fake(_NAME, _fake_attention)
 torch.library.register_fake(_NAME + "_backward", _fake_attention_backward)
 torch.library.register_fake(_NAME + "_e4m3", _fake_attention_e4m3)
 
-def _fp32_scale(scale):
-    """True where scale is positive and stays positive and finite in fp32 (the C API reads 0
-    as the default)."""
-    s = float(scale)
-    return 0 < s <= _FP32_MAX and struct.unpack("f", struct.pack("f", s))[0] > 0
-
-
-_FP32_MAX = struct.unpack("f", bytes.fromhex("ffff7f7f"))[0]
-
 # The C++ operator's refusals: "attn_ladder '<rung>' failed (<what>): <message>" (_capi's words).
 _FAILED = re.compile(r"attn_ladder '[^']*' failed \(([^)]*)\)")
 _CODES = {name: code for code, name in _capi._CODE_NAMES.items()}
@@ -204,8 +194,7 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not t.is_cuda:
                 raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-        if not _fp32_scale(scale):
-            raise ValueError(f"scale must be positive and finite in fp32 (None means 1/sqrt(d)), got {scale}")
+        _capi._check_scale(scale)
         try:
             if descale is None:
                 o, lse = _attention(q, k, v, rung, bool(causal), float(scale), bool(fp8))
