@@ -18,6 +18,7 @@ import os
 import pathlib
 import socket
 import sys
+import time
 import traceback
 
 import pytest
@@ -138,6 +139,28 @@ def test_mismatch_raises_on_every_rank(tmp_path):
     lines = results[0].splitlines()
     assert len(lines) == 3 and not any("no error" in line or "ERROR" in line for line in lines), results
     assert "disagree on H" in lines[0] and "disagree on causal" in lines[1] and "zigzag_shard" in lines[2], lines
+
+
+def absent_rank_job(rank, world):
+    """Rank 1 never calls: rank 0's shape exchange fails at the group's timeout, not never."""
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=3))
+    message = "skipped the call"
+    if rank == 0:
+        q = torch.randn(1, 2, 6, 8, dtype=torch.float64)
+        start = time.monotonic()
+        try:
+            cp.context_parallel_attention(q, q, q, group=group, causal=True, blocks=cp.TorchBlocks())
+            message = "no error"
+        except RuntimeError as e:
+            message = f"raised {type(e).__name__} after {time.monotonic() - start:.0f} s"
+    dist.barrier()  # the world group (30 s): rank 1 waits here for rank 0
+    return message
+
+
+def test_absent_rank_times_out(tmp_path):
+    results = run(2, absent_rank_job, tmp_path)
+    assert results[1] == "skipped the call" and results[0].startswith("raised"), results
+    assert float(results[0].split()[-2]) < 20, results
 
 
 def test_torch_merge_in_fp32():

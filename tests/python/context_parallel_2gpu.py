@@ -1,0 +1,132 @@
+"""Context-parallel attention on 2+ GPUs over NCCL: run with
+    torchrun --nproc-per-node 2 tests/python/context_parallel_2gpu.py
+
+Each case: one full problem made from one seed on every rank; the ring (context_parallel_attention
+with the ladder's kernels: 06d_fa3 forward on Hopper, else 05; 05's backward) on zigzag shards
+(causal) or uneven contiguous shards (not), forward and backward of sum(O * W); its O, lse, dQ,
+dK, dV gathered and compared with (a) the same kernels on one GPU over the full sequence and
+(b) fp64 math (TorchBlocks): odd N (not divisible by the ranks), causal and not, GQA, bf16 and
+fp16, within the forward's bounds (common/tolerance.h). Then the refusals: ranks that disagree
+on the problem raise the same ValueError on every rank (and the group still works after);
+and torch.compile around the call. Prints one line per check and "context_parallel_2gpu: PASS"
+on rank 0; exits 1 on any failure (every rank).
+"""
+
+import datetime
+import math
+import os
+import pathlib
+import sys
+
+import torch
+import torch.distributed as dist
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "python"))
+import attn_ladder as al  # noqa: E402
+from attn_ladder import context_parallel as cp  # noqa: E402
+
+BOUND = {torch.bfloat16: 1e-2, torch.float16: 3e-3}  # common/tolerance.h, the forward's
+CASES = [  # (B, H, Hkv, N, d, causal, dtype)
+    (1, 4, 4, 4097, 128, True, torch.bfloat16),
+    (2, 8, 2, 1001, 64, True, torch.bfloat16),  # GQA 4
+    (1, 4, 1, 3001, 128, False, torch.float16),  # GQA 4, uneven contiguous shards
+    (1, 2, 2, 7, 128, True, torch.bfloat16),  # 7 tokens over 4 chunks: 2, 2, 2, 1
+    (1, 8, 8, 8192, 128, True, torch.bfloat16),
+]
+
+
+def rel(a, b):
+    b = b.double()
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def main():
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", local))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+
+    def report(line, ok):
+        if not ok:
+            failures.append(line)
+        if rank == 0:
+            print(("ok    " if ok else "FAIL  ") + line, flush=True)
+
+    blocks = cp.LadderBlocks()
+    for B, H, Hkv, N, d, causal, dtype in CASES:
+        g = torch.Generator(device="cuda").manual_seed(N * 31 + H)
+        q = torch.randn(B, H, N, d, generator=g, device="cuda").to(dtype)
+        k, v = (torch.randn(B, Hkv, N, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+        w = torch.randn(B, H, N, d, generator=g, device="cuda").to(dtype)
+        scale = 1.0 / math.sqrt(d)
+        # one GPU, the same kernels over the whole sequence
+        o1, lse1 = blocks.forward(q, k, v, causal, scale)
+        grads1 = blocks.backward(q, k, v, o1, lse1, w, causal, scale)
+        # fp64
+        ref = cp.TorchBlocks()
+        q64, k64, v64, w64 = (t.double() for t in (q, k, v, w))
+        o64, lse64 = ref.forward(q64, k64, v64, causal, scale)
+        grads64 = ref.backward(q64, k64, v64, o64, lse64, w64, causal, scale)
+        # the ring
+        if causal:
+            shard, gather = (lambda t: cp.zigzag_shard(t, rank, world)), cp.zigzag_gather
+        else:
+            shard = lambda t: t.tensor_split(world, dim=2)[rank].contiguous()  # noqa: E731
+            gather = lambda t: torch.cat(cp.gather_shards(t), dim=2)  # noqa: E731
+        ql, kl, vl = (shard(t).requires_grad_() for t in (q, k, v))
+        o, lse = cp.context_parallel_attention(ql, kl, vl, causal=causal, return_lse=True)
+        o.backward(shard(w))
+        got = [gather(o.detach()), gather(lse[..., None])[..., 0]] + [gather(t.grad) for t in (ql, kl, vl)]
+        name = f"B={B} H={H} Hkv={Hkv} N={N} d={d} causal={causal} {str(dtype)[6:]} rung={blocks.pick_forward(q)}"
+        for what, a, one, exact in zip(["O", "lse", "dQ", "dK", "dV"], got, [o1, lse1, *grads1], [o64, lse64, *grads64]):
+            e64, e1, e1_64 = rel(a, exact), rel(a, one), rel(one, exact)
+            ok = e64 <= BOUND[dtype] and e1 <= BOUND[dtype]
+            report(f"{name} {what}: ring vs fp64 {e64:.2e}, vs one GPU {e1:.2e} (one GPU vs fp64 {e1_64:.2e})", ok)
+        del q, k, v, w, q64, k64, v64, w64, o64, lse64, grads64
+        torch.cuda.empty_cache()
+
+    # Refusals: every rank raises the same error, before any transfer; the group still works.
+    n = 64
+    for case in ("heads", "causal", "lengths", "dtype"):
+        H = 4 if case == "heads" and rank == 1 else 2
+        causal = not (case == "causal" and rank == 1)
+        length = n + (rank if case == "lengths" else 0)  # causal: not zigzag_shard's lengths
+        dtype = torch.float16 if case == "dtype" and rank == 1 else torch.bfloat16
+        q = torch.randn(1, H, length, 64, device="cuda", dtype=dtype)
+        k = v = torch.randn(1, 2, length, 64, device="cuda", dtype=dtype)
+        try:
+            cp.context_parallel_attention(q, k, v, causal=causal)
+            message = "no error"
+        except ValueError as e:
+            message = str(e).split(": ", 1)[1]
+        messages = [None] * world
+        dist.all_gather_object(messages, message)
+        ok = message != "no error" and len(set(messages)) == 1
+        report(f"mismatch '{case}' raises on every rank: {message}", ok)
+
+    # torch.compile around the call: the call runs eagerly inside the compiled function.
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 2 * 1024, 128, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ql, kl, vl = (cp.zigzag_shard(t, rank, world) for t in (q, k, v))
+
+    def layer(q, k, v):
+        return cp.context_parallel_attention(q * 1.0, k, v, causal=True).float().square().sum()
+
+    eager = layer(ql, kl, vl)
+    compiled = torch.compile(layer)(ql, kl, vl)
+    report(f"torch.compile(layer) = eager: {compiled.item():.6g} vs {eager.item():.6g}",
+           abs(compiled.item() - eager.item()) <= 1e-3 * abs(eager.item()))
+
+    verdict = torch.tensor([len(failures)], device="cuda")
+    dist.all_reduce(verdict)
+    if rank == 0:
+        print("context_parallel_2gpu: " + ("PASS" if verdict.item() == 0 else f"FAIL ({verdict.item()} checks)"),
+              flush=True)
+    dist.destroy_process_group()
+    sys.exit(0 if verdict.item() == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()
