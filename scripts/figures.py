@@ -878,6 +878,68 @@ def fig_decode(path):
     save(fig, path)
 
 
+def ring_math():
+    """python/attn_ladder/ring_math.py (torch-free), loaded by its path: the ring's schedule."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ring_math", REPO / "python" / "attn_ladder" / "ring_math.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@figure("05_fa2_reordered/figures/context_parallel_ring.png")
+def fig_05_context_parallel(path):
+    rm, P = ring_math(), 4
+    colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12.5, 5.2), gridspec_kw={"width_ratios": [1, 1.25]})
+    # left: the causal mask in 2P chunks; each computed block in its rank's colour with its step
+    C = 2 * P
+    blank(ax, (-0.9, C + 0.1), (-0.4, C + 0.9))
+    for i in range(C):
+        for j in range(i + 1):
+            box(ax, j, C - 1 - i, 1, 1, color="#f4f4f4", ec="#bbbbbb", lw=0.5)
+    for r in range(P):
+        mine = (r, C - 1 - r)
+        for step in range(P):
+            src, kind = rm.ring_block(r, P, step, True)
+            theirs = (src, C - 1 - src)
+            pairs = [(qc, kc) for qc in mine for kc in theirs if kc <= qc]
+            if kind == "front":
+                pairs = [(qc, theirs[0]) for qc in mine]
+            elif kind == "back":
+                pairs = [(mine[1], kc) for kc in theirs]
+            for qc, kc in pairs:
+                y = C - 1 - qc
+                if qc == kc:  # the diagonal chunk: the kernel's causal flag, half the block
+                    ax.add_patch(plt.Polygon([(kc, y + 1), (kc, y), (kc + 1, y)], facecolor=colors[r], ec="black", lw=0.6))
+                    ax.text(kc + 0.3, y + 0.3, str(step), fontsize=8, color="white", ha="center", va="center")
+                else:
+                    box(ax, kc, y, 1, 1, str(step), color=colors[r], tc="white", fs=9, lw=0.6)
+    for c in range(C):
+        ax.text(-0.45, C - 1 - c + 0.5, f"q{c}", fontsize=8, ha="center", va="center")
+        ax.text(c + 0.5, C + 0.3, f"k{c}", fontsize=8, ha="center", va="center")
+    ax.set_title(f"zigzag over P = {P}: rank r holds chunks r and {C - 1}−r;\n"
+                 "colour = the rank that computes a block, number = its ring step; white = skipped",
+                 fontsize=9)
+    # right: the forward ring, every rank computes a half block per step while K/V move on
+    rows = []
+    for r in range(P):
+        comp, comm = [], []
+        for step in range(P):
+            src, kind = rm.ring_block(r, P, step, True)
+            comp.append((step, 0.95, colors[r], f"K/V of {src}: {kind}"))
+            if step + 1 < P:
+                comm.append((step, 0.95, C_WAIT, f"K/V of {src} → rank {(r + 1) % P}"))
+        rows += [(f"rank {r} compute", comp), (f"rank {r} NCCL", comm)]
+    gantt(ax2, rows, xlabel="ring step (each: ½ of a (N/P)² block; the next K/V arrives meanwhile)")
+    ax2.set_xticks(range(P + 1))
+    ax2.set_title("the forward ring: K/V shards rotate r → r+1 on a communication stream;\n"
+                  "each block's (O, lse) is merged with rung 03's ⊕", fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
 # ---------------------------------------------------------------- 06d and FP8: measured
 
 
