@@ -1,5 +1,7 @@
 """Context-parallel attention on 2+ GPUs over NCCL: run with
     torchrun --nproc-per-node 2 tests/python/context_parallel_2gpu.py
+or plainly (CTest: python_cp_2gpu), which starts torchrun on 2 GPUs itself, or exits 77 (skipped)
+with the reason when torch, 2 GPUs or the library are missing.
 
 Each case: one full problem made from one seed on every rank; the ring (context_parallel_attention
 with the ladder's kernels: 06d_fa3 forward on Hopper, else 05; 05's backward) on zigzag shards
@@ -18,8 +20,34 @@ import os
 import pathlib
 import sys
 
-import torch
-import torch.distributed as dist
+SKIP = 77
+
+
+def launch_or_skip():
+    """Not under torchrun: start it on 2 GPUs (this file again), or exit SKIP with the reason."""
+    try:
+        import torch
+    except ImportError:
+        print("context_parallel_2gpu: skipped: torch is not installed")
+        sys.exit(SKIP)
+    if torch.cuda.device_count() < 2:
+        print(f"context_parallel_2gpu: skipped: needs 2 CUDA GPUs, found {torch.cuda.device_count()}")
+        sys.exit(SKIP)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+    import attn_ladder
+
+    if not attn_ladder.library_path().is_file():
+        print(f"context_parallel_2gpu: skipped: {attn_ladder.library_path()} is not built")
+        sys.exit(SKIP)
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              __file__])
+
+
+if __name__ == "__main__" and "LOCAL_RANK" not in os.environ:
+    launch_or_skip()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))

@@ -9,7 +9,7 @@ the problem (head count, causal flag) or causal shards that are not zigzag_shard
 same ValueError on every rank, before any transfer, within the test's time (never a hang).
 Also the merge on torch tensors (ring_math.merge with xp=torch, as the ring calls it) in fp32
 against softmax attention. Skips without torch (CI); test_context_parallel_merge.py checks
-the same arithmetic there with numpy. The GPU version: scripts/context_parallel_2gpu.py.
+the same arithmetic there with numpy. The GPU version: tests/python/context_parallel_2gpu.py.
 """
 
 import datetime

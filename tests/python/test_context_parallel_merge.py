@@ -7,7 +7,7 @@ see no key in a block or at all), that it is commutative and associative with id
 (O = 0, L = −∞), and that the ring's zigzag schedule (zigzag_chunks, ring_block: own /
 front / back blocks, the skipped quarter) reproduces causal attention exactly for 1-4 ranks
 and odd N, merging in the ring's order. The same ring on torch tensors:
-test_context_parallel_cpu.py (gloo) and scripts/context_parallel_2gpu.py (NCCL).
+test_context_parallel_cpu.py (gloo) and tests/python/context_parallel_2gpu.py (NCCL).
 """
 
 import importlib.util
