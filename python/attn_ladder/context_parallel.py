@@ -241,7 +241,8 @@ def _check_agreement(rows, causal):
         lengths = [row[2] for row in rows]
         N = sum(lengths)
         if N < 2 * world:
-            return f"causal context parallelism needs N >= 2·ranks = {2 * world} (one token per zigzag chunk), got N = {N}"
+            return (f"causal context parallelism needs N >= 2·ranks = {2 * world} (one token per zigzag chunk), "
+                    f"got N = {N}")
         sizes = zigzag_chunks(N, world)
         want = [sizes[r] + sizes[2 * world - 1 - r] for r in range(world)]
         if lengths != want:

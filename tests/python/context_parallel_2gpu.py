@@ -108,7 +108,8 @@ def main():
         o.backward(shard(w))
         got = [gather(o.detach()), gather(lse[..., None])[..., 0]] + [gather(t.grad) for t in (ql, kl, vl)]
         name = f"B={B} H={H} Hkv={Hkv} N={N} d={d} causal={causal} {str(dtype)[6:]} rung={blocks.pick_forward(q)}"
-        for what, a, one, exact in zip(["O", "lse", "dQ", "dK", "dV"], got, [o1, lse1, *grads1], [o64, lse64, *grads64]):
+        ones, exacts = [o1, lse1, *grads1], [o64, lse64, *grads64]
+        for what, a, one, exact in zip(["O", "lse", "dQ", "dK", "dV"], got, ones, exacts):
             e64, e1, e1_64 = rel(a, exact), rel(a, one), rel(one, exact)
             ok = e64 <= BOUND[dtype] and e1 <= BOUND[dtype]
             report(f"{name} {what}: ring vs fp64 {e64:.2e}, vs one GPU {e1:.2e} (one GPU vs fp64 {e1_64:.2e})", ok)

@@ -111,7 +111,8 @@ def zigzag_positions(N, world, r):
 def test_ring_schedule_reproduces_attention(world, N, causal):
     """Each rank, step by step in the ring's order, computes only its block (own: causal on the
     local rows; front / back: full, on the rows and keys ring_block names) and merges it: the
-    result equals full (causal) attention on the rank's rows, every visible (row, key) pair is computed exactly once and no masked one."""
+    result equals full (causal) attention on the rank's rows, every visible (row, key) pair is
+    computed exactly once and no masked one."""
     rng = np.random.default_rng(N * 10 + world)
     q, k, v = problem(rng, N, N)
     i, j = np.arange(N)[:, None], np.arange(N)[None, :]
