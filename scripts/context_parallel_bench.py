@@ -79,6 +79,9 @@ def main():
     scale = 1.0 / math.sqrt(d)
     gpu = torch.cuda.get_device_name()
     rows = []
+    out = pathlib.Path(args.out)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
 
     def record(impl, phase, ranks, t, ok=True, note=""):
         med, lo, hi = t if ok else (float("nan"),) * 3
@@ -89,6 +92,10 @@ def main():
         if rank == 0:
             print(f"{impl:28s} {phase:8s} ranks={ranks} {med:9.2f} ms  "
                   f"{flops / (med * 1e-3) / 1e12 if ok else float('nan'):7.1f} TFLOPS {note}", flush=True)
+            with open(out / "context_parallel.csv", "w", newline="") as f:  # row by row: a timeout keeps the rows
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, dout = (torch.randn(B, H, N, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -138,12 +145,6 @@ def main():
         peer(args, q, k, v, dout, record)
 
     if rank == 0:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "context_parallel.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
         summarize(rows, world, out / "context_parallel.png")
     dist.destroy_process_group()
 
