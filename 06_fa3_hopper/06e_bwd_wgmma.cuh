@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
 template <int D, typename T>
 void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_t stream) {
   using Cfg = Config<D, T>;
-  static_assert(Cfg::B_c == kBwdKeysPerCta);
+  static_assert(Cfg::B_c == kBwdKeysPerCta, "stages.cu counts the grid in blocks of kBwdKeysPerCta keys");
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
   configure_kernel<fa3_backward<D, T>>(Cfg::kThreads, kSmemBytes);
 

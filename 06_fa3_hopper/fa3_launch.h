@@ -106,5 +106,11 @@ constexpr int kBwdKeysPerCta = 128;
 template <int D, typename T>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
 }
+// 06e with dQ_i added by one TMA bulk reduction per warpgroup and step (06f_bwd_dq_reduce.cuh):
+// the same tiles, grid and workspace.
+namespace step06f {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
 
 }  // namespace attn::fa3
