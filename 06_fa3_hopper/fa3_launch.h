@@ -98,4 +98,19 @@ template <int D, typename T, bool kCtaPairs>
 void launch(const AttnProblem& p, const AttnTensors& t, Schedule schedule, cudaStream_t stream, float rescale_log2);
 }
 
+// The backward of 06d (06e_bwd_wgmma.cuh): D pre-pass, the wgmma kernel (one CTA per block
+// of kBwdKeysPerCta keys, batch, KV head), dQ post-pass; 05's workspace layout
+// (fa2_backward.h: bwd_workspace_bytes with DqMode::atomics).
+namespace step06e {
+constexpr int kBwdKeysPerCta = 128;
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
+// 06e with dQ_i added by one TMA bulk reduction per warpgroup and step (06f_bwd_dq_reduce.cuh):
+// the same tiles, grid and workspace.
+namespace step06f {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
+
 }  // namespace attn::fa3

@@ -24,6 +24,19 @@ def accumulators(n):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
 
 
+def ss_mn(n, acc, shape):
+    """SS with both operands MN-major (the backward's dQ = dS K_j: dSᵀ and K_j as stored)."""
+    return f"""
+  // SS: A (64 x 16) M-major and B (16 x {n}) N-major in shared memory, e.g. dQ_i = dS K_j from dSᵀ, K_j.
+  __device__ static void ss_mn(float (&d)[{acc}], uint64_t desc_a, uint64_t desc_b, int accumulate) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.{shape} {{{operand_list(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 1, 1;\\n}}\\n"
+        : {accumulators(n)}
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }}"""
+
+
 def wrapper(n, ctype, ptx_type, k=16, trans=True):
     acc = n // 2
     shape = f"m64n{n}k{k}.f32.{ptx_type}.{ptx_type}"
@@ -46,7 +59,7 @@ struct Wgmma<{ctype}, {n}> {{
         "wgmma.mma_async.sync.aligned.{shape} {{{operand_list(0, acc)}}}, {{{operand_list(acc, 4)}}}, %{acc + 4}, p, 1, 1{rs_flags};\\n}}\\n"
         : {accumulators(n)}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  }}
+  }}{ss_mn(n, acc, shape) if trans else ""}
 }};
 """
 

@@ -173,6 +173,29 @@ __device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uin
       : "memory");
 }
 
+// The reverse direction with an add (PTX ISA 9.7.9.25.4, cp.reduce.async.bulk): `bytes`
+// contiguous fp32 of shared memory added element by element into global memory, as one
+// bulk operation of the copy engine, tracked by the issuing thread's bulk groups (not an
+// mbarrier). Addresses and size are multiples of 16 bytes.
+__device__ inline void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+// Close this thread's bulk operations issued so far into one bulk group.
+__device__ inline void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Wait until at most `Pending` of this thread's bulk groups still read their shared memory
+// (.read: the source may be overwritten; the global writes may still be in flight).
+template <int Pending>
+__device__ inline void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(Pending) : "memory");
+}
+// Wait until at most `Pending` of this thread's bulk groups are still in flight at all.
+template <int Pending>
+__device__ inline void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(Pending) : "memory");
+}
+
 // The same box copied into the shared memory of every CTA of the cluster named in
 // `cta_mask` (bit i: CTA rank i), at this CTA's offset `dst`; each receiving CTA's mbarrier
 // at offset `bar` sees the bytes that land in its own shared memory.

@@ -17,6 +17,7 @@
 #include "06_fa3_hopper/fa3_fp8.h"
 #include "06_fa3_hopper/fa3_fp8_e4m3.h"
 #include "06_fa3_hopper/fa3_launch.h"
+#include "05_fa2_reordered/fa2_backward.h"  // bwd_workspace_bytes, bwd_ctas: 06e uses 05's workspace
 #include "common/hbm_model.h"
 
 namespace attn {
@@ -117,6 +118,30 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
   return s;
 }
 
+// The backward steps of 06d (06e_bwd_wgmma.cuh; 06f_bwd_dq_reduce.cuh: kBulkReduce) for the
+// head dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
+template <bool kBulkReduce>
+void add_backward_06(Stage& s) {
+  s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
+  if (s.backward_head_dims.empty()) return;  // a lab build without them
+  s.backward_refuse = [](const AttnProblem& p) -> std::string {
+    const int64_t ctas = fa2::bwd_ctas(p, fa3::step06e::kBwdKeysPerCta);
+    if (ctas > INT_MAX)
+      return "ceil(Nk / 128) * B * Hkv = " + std::to_string(ctas) + " CTAs exceeds the grid limit 2^31 - 1";
+    return "";
+  };
+  s.backward_workspace_bytes = [](const AttnProblem& p) { return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics); };
+  s.launch_backward = [](const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
+    using LaunchFn = void (*)(const AttnProblem&, const AttnBwdTensors&, cudaStream_t);
+    instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
+      constexpr int D = decltype(dim)::value;
+      using T = typename decltype(type)::type;
+      if constexpr (kBulkReduce) return &fa3::step06f::launch_backward<D, T>;
+      else return &fa3::step06e::launch_backward<D, T>;
+    })(p, t, stream);
+  };
+}
+
 // The FP8 path (fa3_fp8.h): one pre-kernel and attention kernel per head dim; the stages
 // differ in the pre-kernel's options (the ablation of FA3 Table 3) and in where V̂ᵀ is made
 // (Fp8Options::v_path: the ablations of the in-kernel transpose).
@@ -208,6 +233,12 @@ Fp8E4m3LaunchFn fp8_e4m3_launch_for(int d) {
 }  // namespace fa3
 
 std::vector<Stage> fa3_stages() {
+  // 06d_fa3's backward is 06e's kernel; 06f_bwd_dq_reduce runs 06d's forward and 06f's.
+  auto with_backward = [](Stage s, bool bulk_reduce) {
+    if (bulk_reduce) add_backward_06<true>(s);
+    else add_backward_06<false>(s);
+    return s;
+  };
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
   };
@@ -240,8 +271,12 @@ std::vector<Stage> fa3_stages() {
       one_tile_stage<fa3::StepHeadDims>("06d2_lazy_softmax", "06d1_overlap",
                                         "lazy rescaling of O_i; the block's row max taken last, from P",
                                         fa3::block_rows, fa3::block_cols, launch_06d2),
-      stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
-                            "persistent CTAs: the producer loads the next tile while the consumers finish"),
+      with_backward(stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
+                                          "persistent CTAs: the producer loads the next tile while the consumers finish"),
+                    /*bulk_reduce=*/false),
+      with_backward(stage_06d<persistent>("06f_bwd_dq_reduce", "06d_fa3",
+                                          "06d whose backward adds dQ by TMA bulk reductions (06f), not per-thread reds"),
+                    /*bulk_reduce=*/true),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
       // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
       // the pairs' code to 06d's (kCtaPairs).

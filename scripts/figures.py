@@ -782,6 +782,67 @@ def fig_06d1(path):
     save(fig, path)
 
 
+def fa3_bwd_config():
+    """06e_bwd_wgmma.cuh's Config: keys per consumer warpgroup, consumers, B_r, ring stages."""
+    rel = "06_fa3_hopper/06e_bwd_wgmma.cuh"
+    (consumers,) = parse(rel, r"kConsumers = (\d+);")
+    (b_r,) = parse(rel, r"B_r = (\d+);")
+    (stages,) = parse(rel, r"kStages = (\d+);")
+    return dict(wg_keys=64, consumers=consumers, B_c=64 * consumers, B_r=b_r, stages=stages)
+
+
+@figure("06_fa3_hopper/figures/06e_bwd_operands.png")
+def fig_06e(path):
+    c = fa3_bwd_config()
+    fig, ax = plt.subplots(figsize=(11.5, 5.6))
+    blank(ax, (0, 23), (-0.8, 10.2))
+    sm = dict(color="#ece6f4", fs=8)
+    ax.text(2.6, 9.7, "shared memory", ha="center", fontsize=9, color=C_SMEM)
+    box(ax, 0.2, 8.2, 4.8, 0.9, f"K_j [{c['B_c']} keys × d]  TMA, once", **sm)
+    box(ax, 0.2, 7.0, 4.8, 0.9, f"V_j [{c['B_c']} keys × d]  TMA, once", **sm)
+    box(ax, 0.2, 5.2, 4.8, 0.9, f"Q_i [{c['B_r']} queries × d]  ring", **sm)
+    box(ax, 0.2, 4.0, 4.8, 0.9, f"dO_i [{c['B_r']} × d]  ring", **sm)
+    box(ax, 0.2, 2.8, 4.8, 0.9, f"L_i, D_i [{c['B_r']}]  ring ({c['stages']} stages)", **sm)
+    box(ax, 0.2, 0.6, 4.8, 1.2, f"dSᵀ [{c['wg_keys']} keys × {c['B_r']} queries]\nper warpgroup", **sm)
+    ax.text(10.2, 9.7, "wgmma, per consumer warpgroup (M = its 64 keys)", ha="center", fontsize=9, color=C_GEMM)
+    g = dict(color=C_GEMM, tc="white", fs=8)
+    box(ax, 7.2, 8.2, 6, 0.9, "① Sᵀ = K_j Q_iᵀ      SS, both K-major", **g)
+    box(ax, 7.2, 7.0, 6, 0.9, "② dPᵀ = V_j dO_iᵀ    SS, both K-major", **g)
+    box(ax, 7.2, 5.2, 6, 0.9, "③ dV_j += Pᵀ dO_i    RS, B N-major", **g)
+    box(ax, 7.2, 4.0, 6, 0.9, "④ dK_j += dSᵀ Q_i    RS, B N-major", **g)
+    box(ax, 7.2, 0.6, 6, 1.2, "⑤ dQ_i = dS K_j      SS, A M-major (dSᵀ),\nB N-major (K_j as stored)", **g)
+    ax.text(18.6, 9.7, "registers (fp32 accumulators, A fragments)", ha="center", fontsize=9)
+    r = dict(color="#e6ecf6", fs=8)
+    box(ax, 15.4, 8.2, 6.6, 0.9, "Pᵀ = exp2(Sᵀ·scale·log2e − L_i·log2e)", **r)
+    box(ax, 15.4, 7.0, 6.6, 0.9, "dSᵀ = Pᵀ ∘ (dPᵀ − D_i)", color=C_SOFT, fs=8)
+    box(ax, 15.4, 4.6, 6.6, 0.9, "dV_j, dK_j: d/2 + d/2 per thread, all steps", **r)
+    box(ax, 15.4, 0.6, 6.6, 1.2, "dQ_i (fp32) → red.global.add.v2\n→ dQ_acc in HBM (order varies)", color="#f4dcdc", fs=8)
+    arrow(ax, (5.0, 8.65), (7.2, 8.65), color=C_GEMM)
+    arrow(ax, (5.0, 5.65), (7.2, 8.45), color=C_GEMM)
+    arrow(ax, (5.0, 7.45), (7.2, 7.45), color=C_GEMM)
+    arrow(ax, (5.0, 4.45), (7.2, 7.25), color=C_GEMM)
+    arrow(ax, (13.2, 8.65), (15.4, 8.65))
+    arrow(ax, (13.2, 7.45), (15.4, 7.45))
+    arrow(ax, (5.0, 3.25), (15.4, 7.2), color=C_SOFT)
+    ax.text(5.3, 2.75, "L_i, D_i: one per query (column)", fontsize=7.5, color=C_SOFT, va="top")
+    arrow(ax, (16.5, 8.2), (13.2, 5.75), text="Pᵀ as A")
+    arrow(ax, (16.5, 7.0), (13.2, 4.55), text="dSᵀ as A")
+    arrow(ax, (5.0, 4.35), (7.2, 5.5), color=C_GEMM)
+    arrow(ax, (5.0, 5.45), (7.2, 4.3), color=C_GEMM)
+    arrow(ax, (13.2, 5.3), (15.4, 5.0))
+    arrow(ax, (13.2, 4.3), (15.4, 4.8))
+    arrow(ax, (19.5, 7.0), (5.0, 1.3), color=C_SMEM)
+    ax.text(16.0, 3.0, "dSᵀ stored swizzled,\nproxy fence, barrier", fontsize=7.5, color=C_SMEM, va="top")
+    arrow(ax, (5.0, 1.1), (7.2, 1.1), color=C_GEMM)
+    arrow(ax, (5.0, 8.3), (7.2, 1.6), color=C_GEMM, connectionstyle="arc3,rad=0.25")
+    arrow(ax, (13.2, 1.2), (15.4, 1.2), color=C_HBM)
+    ax.text(11.5, -0.6, f"one CTA per ({c['B_c']}-key block, batch, KV head): a producer warp, "
+            f"{c['consumers']} consumer warpgroups; keys as wgmma's M put Pᵀ and dSᵀ in A's register layout",
+            ha="center", fontsize=8)
+    ax.set_title("06e: which operand of the backward's five GEMMs comes from where", fontsize=10)
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/06d2_lazy_rescale.png")
 def fig_06d2(path):
     (thr,) = parse("06_fa3_hopper/fa3_launch.h", r"kRescaleLog2 = ([\d.]+)f;", float)

@@ -37,12 +37,16 @@ declare -A file06=(
   [fp8f]=fp8f_transpose_v.cuh
   [fp8g]=fp8g_permute_p.cuh
   [fp8h]=fp8h_fa3.cuh
+  [06e]=06e_bwd_wgmma.cuh
+  [06f]=06f_bwd_dq_reduce.cuh
 )
+# The backward of 06d (06e_bwd.md) climbs in its own chain: 06e, then 06f's dQ reduction.
+steps06bwd=(06e 06f)
 
 # ---- pairs allowed past the budget, "from->to" -> reason (none at present)
 declare -A exceptions=()
 
-usage="usage: scripts/step_diff.sh [STEP STEP | --check]   (steps: ${steps05[*]} ${steps06[*]})"
+usage="usage: scripts/step_diff.sh [STEP STEP | --check]   (steps: ${steps05[*]} ${steps06[*]} ${steps06bwd[*]})"
 
 # path of a step's file, relative to the repository root
 path_of() {
@@ -77,6 +81,7 @@ table() {
 if [[ $# -eq 0 || "${1:-}" == "--check" ]]; then
   table "${steps05[@]}"
   table "${steps06[@]}"
+  table "${steps06bwd[@]}"
   if [[ "${1:-}" == "--check" ]]; then
     if ((${#over[@]})); then
       echo "step_diff.sh --check: over the budget of $budget changed lines: ${over[*]}" >&2

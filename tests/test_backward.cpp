@@ -1,6 +1,7 @@
 // GPU tests of the backward passes (Stage::launch_backward: 04_fa1_tiled's Algorithm 4,
 // 05_fa2_reordered's FlashAttention-2 backward, 05_fa2_dq_pass's with dQ in its own pass, the
-// ablation 05_fa2_bwd_warps_own_keys): dQ, dK, dV against the fp64 reference
+// ablation 05_fa2_bwd_warps_own_keys, and on Hopper 06d_fa3's, 06e_bwd_wgmma.cuh, with
+// wgmma and TMA, and 06f_bwd_dq_reduce's): every rung that reports a backward, dQ, dK, dV against the fp64 reference
 // (common/reference_backward.h) with the forward's bounds, on odd shapes (ragged tails, rows
 // that see no key, Nq != Nk with the bottom-right causal mask, GQA), with dQ, dK, dV and the
 // workspace poisoned before each run; 05 against 04 on the same inputs. Without a GPU every
@@ -115,7 +116,7 @@ std::vector<BwdShape> backward_shapes() {
   for (int d : {64, 128})
     for (bool causal : {false, true})
       for (int Hkv : {H, H / 4}) {  // GQA ratios 1 and 4
-        for (int n : {1, 17, 64, 100, 257, 1000}) shapes.push_back({1, H, Hkv, n, n, d, causal, next_dtype()});
+        for (int n : {1, 17, 64, 100, 113, 257, 1000}) shapes.push_back({1, H, Hkv, n, n, d, causal, next_dtype()});
         // Nq != Nk: with the mask, rows that see no key (Nq > Nk) and keys seen by few rows
         for (auto [nq, nk] : {std::pair{17, 100}, std::pair{100, 17}, std::pair{1, 257}, std::pair{257, 64}})
           shapes.push_back({1, H, Hkv, nq, nk, d, causal, next_dtype()});
@@ -124,6 +125,10 @@ std::vector<BwdShape> backward_shapes() {
   shapes.push_back({3, 4, 2, 130, 130, 64, true, DType::bf16});
   shapes.push_back({2, 8, 2, 77, 200, 128, true, DType::fp16});
   shapes.push_back({2, 2, 1, 300, 129, 128, false, DType::bf16});
+  // Long: many steps per CTA (every stage of a Q_i, dO_i ring wraps), ragged last blocks
+  shapes.push_back({1, 2, 1, 4097, 4097, 64, true, DType::bf16});
+  shapes.push_back({1, 1, 1, 4097, 4097, 128, false, DType::fp16});
+  shapes.push_back({1, 2, 2, 1000, 4097, 128, true, DType::bf16});
   return shapes;
 }
 

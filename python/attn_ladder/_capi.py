@@ -281,13 +281,18 @@ def _check_descale(rung, q, k, descale):
                              f"{'' if t.is_contiguous() else ', not contiguous'}")
 
 
+_FP32_MIN_POSITIVE = 2.0 ** -149  # fp32's smallest subnormal
+_FP32_MAX = (2.0 - 2.0 ** -23) * 2.0 ** 127
+
+
 def _check_scale(scale):
     """None (1/sqrt(d)) or a positive scale that stays positive and finite in fp32: the C API
     reads 0 as 'the default', so a scale that rounds to 0 must not reach it."""
     if scale is None:
         return
-    as_fp32 = ctypes.c_float(scale).value
-    if not (scale > 0 and as_fp32 > 0 and math.isfinite(as_fp32)):
+    # Plain comparisons (no ctypes round trip), so that torch.compile traces through it: the
+    # smallest positive fp32 (a subnormal) and the largest finite one bound what survives.
+    if not (_FP32_MIN_POSITIVE <= scale <= _FP32_MAX):
         raise ValueError(f"scale must be positive and finite in fp32 (None means 1/sqrt(d)), got {scale}")
 
 

@@ -187,10 +187,10 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
     if _CPP_LIBRARY:
         # Nothing but the call: the C++ operator checks, refuses a gradient request through a
         # rung without a backward pass, allocates and launches. Two of its refusals are made
-        # here first, in its words: on an H200 (torch 2.11) test_bad_inputs_through_the_operator
-        # crashed the process (SIGSEGV) inside the C++ call with a scale that fp32 cannot hold,
-        # where it should have raised ValueError; the cause is not found yet (the same throw
-        # raised ValueError with CPU tensors on a machine without a GPU).
+        # here first, in its words (plain comparisons, so torch.compile traces them): on an
+        # H200 (torch 2.11) a scale that fp32 cannot hold crashed the process (SIGSEGV) inside
+        # the C++ call, where it should have raised ValueError; the cause is not found yet (the
+        # same throw raised ValueError with CPU tensors on a machine without a GPU).
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not t.is_cuda:
                 raise ValueError(f"{name} must be on a CUDA device, got {t.device}")

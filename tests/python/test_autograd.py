@@ -1,4 +1,5 @@
-"""pytest: autograd through attn_ladder.attention (the backward passes of 04 and 05) on a GPU.
+"""pytest: autograd through attn_ladder.attention (the backward passes of 04, 05 and, on Hopper,
+06d_fa3's: 06e_bwd_wgmma.cuh) on a GPU.
 
 Checks dQ, dK, dV of loss = sum(O * W) against PyTorch autograd through fp64 math attention
 (the ladder's conventions: GQA, bottom-right causal mask) on odd shapes, in bf16 and fp16
@@ -26,7 +27,9 @@ import attn_ladder  # noqa: E402
 if not attn_ladder.library_path().is_file():
     pytest.skip(f"libattn_ladder.so not built ({attn_ladder.library_path()})", allow_module_level=True)
 
+HOPPER = torch.cuda.get_device_capability() == (9, 0)  # 06's kernels are built for sm_90a alone
 BACKWARD_RUNGS = [r for r in ("04_fa1_tiled", "05_fa2_reordered", "05_fa2_dq_pass") if r in attn_ladder.rungs()]
+BACKWARD_RUNGS += [r for r in ("06d_fa3", "06f_bwd_dq_reduce") if HOPPER and r in attn_ladder.rungs() and attn_ladder.has_backward(r)]
 BOUND = {torch.bfloat16: 1e-2, torch.float16: 3e-3}  # common/tolerance.h, the forward's
 SHAPES = [  # (B, H, Hkv, Nq, Nk, d, causal): one key, odd lengths, GQA 4, Nq < Nk and Nq > Nk
     (1, 2, 2, 1, 1, 64, False),
@@ -148,7 +151,8 @@ def test_dq_pass_gradients_are_bitwise_reproducible():
 def test_gradient_through_a_rung_without_backward_is_refused():
     q, k, v, _ = make(1, 2, 2, 33, 33, 64, torch.bfloat16)
     q.requires_grad_()
-    for rung in [r for r in ("03b_fused_online", "06d_fa3") if r in attn_ladder.rungs()]:
+    forward_only = ["03b_fused_online"] + (["06c_pingpong"] if HOPPER else [])
+    for rung in [r for r in forward_only if r in attn_ladder.rungs()]:
         assert not attn_ladder.has_backward(rung)
         with pytest.raises(RuntimeError, match="no backward pass"):
             attn_ladder.attention(q, k, v, rung=rung)
@@ -210,14 +214,15 @@ def test_lse_is_returned_detached():
     assert o.requires_grad and not lse.requires_grad
 
 
-def test_training_matches_sdpa_within_one_percent():
-    if "05_fa2_reordered" not in BACKWARD_RUNGS:
-        pytest.skip("05_fa2_reordered has no backward pass in this build")
+@pytest.mark.parametrize("rung", ["05_fa2_reordered", "06d_fa3"])
+def test_training_matches_sdpa_within_one_percent(rung):
+    if rung not in BACKWARD_RUNGS:
+        pytest.skip(f"{rung} has no backward pass in this build or on this GPU")
     import train_compare
 
     steps = 200
     sdpa = train_compare.train(train_compare.sdpa_attention, steps, seed=0)
-    ladder = train_compare.train(train_compare.ladder_attention("05_fa2_reordered"), steps, seed=0)
+    ladder = train_compare.train(train_compare.ladder_attention(rung), steps, seed=0)
     # Below log(VOCAB) - 0.5: the model learnt the text's structure, so the comparison is not
     # two models stuck at the uniform distribution, where attention would not matter.
     assert train_compare.final(sdpa) < math.log(train_compare.VOCAB) - 0.5, "the model did not learn"
