@@ -6,10 +6,11 @@ parallelism, on the same shapes, one run:
 
 Times (CUDA events after a barrier, median of --reps after --warmup runs; bf16, d = 128,
 H = 16, causal by default), forward and forward + backward:
-  one_gpu        the ladder's kernels (06d_fa3 forward, 05's backward) on the whole sequence,
-                 on every rank at once (rank 0's time is reported)
+  one_gpu        the ladder's kernels (LadderBlocks' defaults: 06d_fa3's forward and backward on
+                 sm_90) on the whole sequence, on every rank at once (the slowest rank's time)
   ring           attn_ladder.context_parallel_attention on zigzag shards over all ranks
   ring_compute   the same blocks and merges with no transfers (the compute-only time)
+  *_bwd05        one_gpu and ring with 05_fa2_reordered's backward, where the default is another
   torch_cp_*     torch.distributed.tensor.experimental.context_parallel around SDPA with
                  the cuDNN and flash backends, rotate methods allgather and alltoall
 Writes context_parallel.csv and context_parallel.png to --out and prints the three ratios
@@ -100,7 +101,7 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, dout = (torch.randn(B, H, N, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     blocks = cp.LadderBlocks()
-    rung = blocks.pick_forward(q)
+    rung = f"{blocks.pick_forward(q)} fwd, {blocks.pick_backward(q)} bwd"
 
     # one GPU, the whole sequence (every rank alone, at once)
     def one_fwd():
@@ -112,6 +113,15 @@ def main():
 
     record("one_gpu", "fwd", 1, timed(one_fwd, args.reps, args.warmup), note=rung)
     record("one_gpu", "fwd+bwd", 1, timed(one_step, args.reps, args.warmup), note=rung)
+    blocks05 = cp.LadderBlocks(backward_rung=cp.FALLBACK_RUNG)
+    other_backward = blocks.pick_backward(q) != cp.FALLBACK_RUNG
+
+    def one_step05():
+        o, lse = blocks05.forward(q, k, v, causal, scale)
+        blocks05.backward(q, k, v, o, lse, dout, causal, scale)
+
+    if other_backward:
+        record("one_gpu_bwd05", "fwd+bwd", 1, timed(one_step05, args.reps, args.warmup), note="05 bwd")
 
     # the ring on zigzag shards, and the same blocks without transfers
     ql, kl, vl, dl = (cp.zigzag_shard(t, rank, world) for t in (q, k, v, dout))
@@ -123,6 +133,9 @@ def main():
 
     def ring_step():
         cp.context_parallel_attention(qg, kg, vg, causal=causal).backward(dl)
+
+    def ring_step05():
+        cp.context_parallel_attention(qg, kg, vg, causal=causal, blocks=blocks05).backward(dl)
 
     group = dist.group.WORLD
     plan = cp._plan(ql, kl, vl, group, causal, scale)
@@ -138,6 +151,8 @@ def main():
     record("ring", "fwd+bwd", world, timed(ring_step, args.reps, args.warmup), note=rung)
     record("ring_compute", "fwd", world, timed(compute_fwd, args.reps, args.warmup), note="no transfers")
     record("ring_compute", "fwd+bwd", world, timed(compute_step, args.reps, args.warmup), note="no transfers")
+    if other_backward:
+        record("ring_bwd05", "fwd+bwd", world, timed(ring_step05, args.reps, args.warmup), note="05 bwd")
     del qg, kg, vg
     torch.cuda.empty_cache()
 
@@ -199,6 +214,9 @@ def summarize(rows, world, png):
         print(f"ours / peer (best: {best}, fwd+bwd): {peers[best] / ring:.2f}x (target >= 1.0x)")
     else:
         print("ours / peer: no peer configuration ran")
+    if ("ring_bwd05", step) in t:
+        print(f"with 05's backward: scaling {t[('one_gpu_bwd05', step)] / t[('ring_bwd05', step)]:.2f}x, "
+              f"ours / best peer {min(peers.values()) / t[('ring_bwd05', step)] if peers else float('nan'):.2f}x")
     print(f"comm hidden (ring / compute-only, fwd+bwd): {ring / compute:.3f} (target <= 1.10); "
           f"fwd: {t[('ring', 'fwd')] / t[('ring_compute', 'fwd')]:.3f}")
     import matplotlib
@@ -206,14 +224,15 @@ def summarize(rows, world, png):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = ["one_gpu", "ring", "ring_compute"] + sorted(peers)
+    names = [n for n in ("one_gpu", "ring", "ring_compute", "one_gpu_bwd05", "ring_bwd05") if (n, step) in t]
+    names += sorted(peers)
     fig, ax = plt.subplots(figsize=(9, 4.2))
     for off, phase, color in ((-0.2, "fwd", "#55a868"), (0.2, "fwd+bwd", "#4c72b0")):
         vals = [t.get((n, phase), float("nan")) for n in names]
         ax.bar([i + off for i in range(len(names))], vals, width=0.4, color=color, label=phase)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([n.replace("torch_cp_", "torch CP\n") if n.startswith("torch") else
-                        n.replace("_", " ") + ("\n(1 GPU)" if n == "one_gpu" else f"\n({world} GPUs)")
+                        n.replace("_", " ") + ("\n(1 GPU)" if n.startswith("one_gpu") else f"\n({world} GPUs)")
                         for n in names], fontsize=8)
     ax.set_ylabel("time per step (ms, median)")
     r0 = rows[0]

@@ -52,9 +52,8 @@ from . import ring_math
 from .ring_math import zigzag_chunks
 
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float64: 3}
-FORWARD_RUNG = "06d_fa3"  # the fastest forward with lse; FALLBACK_RUNG where it cannot run
+FORWARD_RUNG = "06d_fa3"  # forward with lse and (06e) backward on sm_90; FALLBACK_RUNG elsewhere
 FALLBACK_RUNG = "05_fa2_reordered"
-BACKWARD_RUNG = "05_fa2_reordered"  # the only backward with a ring-sized problem today
 
 
 # ---------------------------------------------------------------- zigzag sharding
@@ -101,33 +100,44 @@ def zigzag_gather(x, group=None, dim=2):
 
 
 class LadderBlocks:
-    """One block of the ring on the ladder's kernels: forward_rung with lse (06d_fa3, or
-    05_fa2_reordered where 06d cannot run: no sm_90, or a head dim it lacks), backward_rung's
-    backward op (any rung with one: has_backward)."""
+    """One block of the ring on the ladder's kernels. forward_rung (default: 06d_fa3, or
+    05_fa2_reordered where 06d cannot run: no sm_90, or a head dim it lacks) with lse;
+    backward_rung's backward op (default: 06d_fa3's, 06e_bwd_wgmma.cuh, where it has one for
+    this head dim on sm_90; else 05_fa2_reordered's). Either may be named explicitly (any
+    rung with a backward for the backward: has_backward)."""
 
-    def __init__(self, forward_rung=None, backward_rung=BACKWARD_RUNG):
+    def __init__(self, forward_rung=None, backward_rung=None):
         from . import ops  # loads the library: only when the ladder's kernels are asked for
 
         self._ops = ops
         self.forward_rung = forward_rung
         self.backward_rung = backward_rung
 
+    @staticmethod
+    def _hopper_rung_fits(q, backward):
+        from . import _capi
+
+        if FORWARD_RUNG not in _capi.rungs() or torch.cuda.get_device_capability(q.device)[0] != 9:
+            return False
+        dims = _capi.backward_head_dims(FORWARD_RUNG) if backward else _capi.rung_info(FORWARD_RUNG)["head_dims"]
+        return q.shape[-1] in dims
+
     def pick_forward(self, q):
         if self.forward_rung is not None:
             return self.forward_rung
-        from . import _capi
+        return FORWARD_RUNG if self._hopper_rung_fits(q, backward=False) else FALLBACK_RUNG
 
-        major, _ = torch.cuda.get_device_capability(q.device)
-        fa3 = _capi.rung_info(FORWARD_RUNG) if FORWARD_RUNG in _capi.rungs() else None
-        if fa3 and major == 9 and q.shape[-1] in fa3["head_dims"]:
-            return FORWARD_RUNG
-        return FALLBACK_RUNG
+    def pick_backward(self, q):
+        if self.backward_rung is not None:
+            return self.backward_rung
+        return FORWARD_RUNG if self._hopper_rung_fits(q, backward=True) else FALLBACK_RUNG
 
     def forward(self, q, k, v, causal, scale):
         return self._ops._attention(q, k, v, self.pick_forward(q), bool(causal), float(scale), False)
 
     def backward(self, q, k, v, o, lse, dout, causal, scale):
-        return self._ops._attention_backward(q, k, v, o, lse, dout, self.backward_rung, bool(causal), float(scale))
+        return self._ops._attention_backward(q, k, v, o, lse, dout, self.pick_backward(q), bool(causal),
+                                             float(scale))
 
 
 class TorchBlocks:
@@ -419,7 +429,7 @@ class _RingAttention(torch.autograd.Function):
 
 @torch.compiler.disable
 def context_parallel_attention(q, k, v, group=None, causal=False, scale=None, return_lse=False, blocks=None,
-                               forward_rung=None, backward_rung=BACKWARD_RUNG):
+                               forward_rung=None, backward_rung=None):
     """softmax(scale · Q Kᵀ + mask) V for this rank's shard of the queries, against the keys of
     every rank of `group` (default: the world). A collective: every rank of the group calls it.
 
@@ -427,7 +437,8 @@ def context_parallel_attention(q, k, v, group=None, causal=False, scale=None, re
     any lengths ≥ 1 otherwise), contiguous, bf16/fp16 on the rank's GPU for the ladder's
     kernels. causal: over the global positions (zigzag layout). Returns O [B, H, L_r, d] (and
     lse, fp32 [B, H, L_r], natural log, if return_lse). Differentiable in q, k, v.
-    blocks: the per-block kernels (default LadderBlocks(forward_rung, backward_rung));
+    blocks: the per-block kernels (default LadderBlocks(forward_rung, backward_rung): 06d_fa3's
+    forward and backward on sm_90, 05_fa2_reordered's elsewhere);
     TorchBlocks() runs the same ring in plain PyTorch (CPU, gloo). Ranks that disagree on
     the problem all raise ValueError, before any transfer."""
     if scale is None:

@@ -4,7 +4,8 @@ or plainly (CTest: python_cp_2gpu), which starts torchrun on 2 GPUs itself, or e
 with the reason when torch, 2 GPUs or the library are missing.
 
 Each case: one full problem made from one seed on every rank; the ring (context_parallel_attention
-with the ladder's kernels: 06d_fa3 forward on Hopper, else 05; 05's backward) on zigzag shards
+with the ladder's kernels: 06d_fa3's forward and backward on Hopper, else 05's; one case also
+with 05's backward on Hopper) on zigzag shards
 (causal) or uneven contiguous shards (not), forward and backward of sum(O * W); its O, lse, dQ,
 dK, dV gathered and compared with (a) the same kernels on one GPU over the full sequence and
 (b) fp64 math (TorchBlocks): odd N (not divisible by the ranks), causal and not, GQA, bf16 and
@@ -61,6 +62,7 @@ CASES = [  # (B, H, Hkv, N, d, causal, dtype)
     (1, 4, 1, 3001, 128, False, torch.float16),  # GQA 4, uneven contiguous shards
     (1, 2, 2, 7, 128, True, torch.bfloat16),  # 7 tokens over 4 chunks: 2, 2, 2, 1
     (1, 8, 8, 8192, 128, True, torch.bfloat16),
+    (1, 4, 2, 2049, 128, True, torch.bfloat16, "05_fa2_reordered"),  # 05's backward, on Hopper too
 ]
 
 
@@ -82,8 +84,8 @@ def main():
         if rank == 0:
             print(("ok    " if ok else "FAIL  ") + line, flush=True)
 
-    blocks = cp.LadderBlocks()
-    for B, H, Hkv, N, d, causal, dtype in CASES:
+    for B, H, Hkv, N, d, causal, dtype, *backward_rung in CASES:
+        blocks = cp.LadderBlocks(backward_rung=(backward_rung or [None])[0])
         g = torch.Generator(device="cuda").manual_seed(N * 31 + H)
         q = torch.randn(B, H, N, d, generator=g, device="cuda").to(dtype)
         k, v = (torch.randn(B, Hkv, N, d, generator=g, device="cuda").to(dtype) for _ in range(2))
@@ -104,10 +106,11 @@ def main():
             shard = lambda t: t.tensor_split(world, dim=2)[rank].contiguous()  # noqa: E731
             gather = lambda t: torch.cat(cp.gather_shards(t), dim=2)  # noqa: E731
         ql, kl, vl = (shard(t).requires_grad_() for t in (q, k, v))
-        o, lse = cp.context_parallel_attention(ql, kl, vl, causal=causal, return_lse=True)
+        o, lse = cp.context_parallel_attention(ql, kl, vl, causal=causal, return_lse=True, blocks=blocks)
         o.backward(shard(w))
         got = [gather(o.detach()), gather(lse[..., None])[..., 0]] + [gather(t.grad) for t in (ql, kl, vl)]
-        name = f"B={B} H={H} Hkv={Hkv} N={N} d={d} causal={causal} {str(dtype)[6:]} rung={blocks.pick_forward(q)}"
+        name = (f"B={B} H={H} Hkv={Hkv} N={N} d={d} causal={causal} {str(dtype)[6:]} "
+                f"fwd={blocks.pick_forward(q)} bwd={blocks.pick_backward(q)}")
         ones, exacts = [o1, lse1, *grads1], [o64, lse64, *grads64]
         for what, a, one, exact in zip(["O", "lse", "dQ", "dK", "dV"], got, ones, exacts):
             e64, e1, e1_64 = rel(a, exact), rel(a, one), rel(one, exact)
