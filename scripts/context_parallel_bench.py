@@ -198,6 +198,9 @@ def peer(args, q, k, v, dout, record):
             except Exception as e:  # noqa: BLE001  (a prototype API: record and go on)
                 message = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 record(impl, "fwd", world, None, ok=False, note=message)
+                # context_parallel restores SDPA only when its block ends normally
+                from torch.distributed.tensor.experimental._context_parallel import _attention as cp_impl
+                cp_impl._disable_context_parallel_dispatcher_impl()
             del buffers
             torch.cuda.empty_cache()
 
