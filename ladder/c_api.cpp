@@ -315,19 +315,19 @@ extern "C" int attn_decode_paged_async(const attn_paged_problem_t* cp, const voi
 }
 
 extern "C" int attn_decode_paged_check(const attn_paged_problem_t* cp, const void* workspace, void* stream_ptr,
-                                       char* err, size_t err_len) {
+                                       int* checked, char* err, size_t err_len) {
+  if (checked) *checked = 0;
   return guarded([&] {
     if (!cp) throw attn::AttnError("problem is a null pointer");
     if (!workspace) throw attn::AttnError("workspace is a null pointer");
     auto stream = static_cast<cudaStream_t>(stream_ptr);
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing != cudaStreamCaptureStatusNone)
-      throw attn::AttnError("attn_decode_paged_check: the stream is being captured (a synchronization would break "
-                            "the capture); check after replaying the graph");
+    if (capturing != cudaStreamCaptureStatusNone) return;  // no synchronization inside a capture
     attn::fa2::PagedErrorWord word{};
     CUDA_CHECK(cudaMemcpyAsync(&word, workspace, sizeof(word), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (checked) *checked = 1;
     const std::string msg = attn::fa2::paged_error_message(word, cp->page_size, cp->max_pages, cp->num_pages);
     if (!msg.empty()) throw attn::AttnError(msg);
   }, err, err_len);

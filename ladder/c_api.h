@@ -153,10 +153,11 @@ int attn_decode_paged_async(const attn_paged_problem_t* p, const void* q, const 
 /* After attn_decode_paged_async (or a replay of a graph holding it) on `stream`: waits for the
    stream and reads the error word in `workspace`. ATTN_OK, or ATTN_INVALID_INPUT with the first
    bad length or page index found ("seq_lens[3] = -5 is negative", "block_table[2][7] = 500 is
-   not a page index in [0, 500)", ...). Refuses (ATTN_INVALID_INPUT) while `stream` is being
-   captured: a synchronization would break the capture; check after the replay instead. */
-int attn_decode_paged_check(const attn_paged_problem_t* p, const void* workspace, void* stream, char* err,
-                            size_t err_len);
+   not a page index in [0, 500)", ...); *checked = 1 (checked may be NULL). While `stream` is
+   being captured it reads nothing (a synchronization would break the capture): ATTN_OK with
+   *checked = 0; check after replaying the graph. */
+int attn_decode_paged_check(const attn_paged_problem_t* p, const void* workspace, void* stream, int* checked,
+                            char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -119,7 +119,9 @@ int run(PagedBatch& b, cudaStream_t stream, std::string* message = nullptr) {
   int rc = attn_decode_paged_async(&b.c, b.q.get(), b.k_cache.get(), b.v_cache.get(), b.block_table.as<int>(),
                                    b.seq_lens.as<int>(), b.o.get(), b.lse.as<float>(), b.workspace.get(),
                                    b.workspace.bytes(), stream, err, sizeof err);
-  if (rc == ATTN_OK) rc = attn_decode_paged_check(&b.c, b.workspace.get(), stream, err, sizeof err);
+  int checked = 0;
+  if (rc == ATTN_OK) rc = attn_decode_paged_check(&b.c, b.workspace.get(), stream, &checked, err, sizeof err);
+  if (rc == ATTN_OK) EXPECT_EQ(checked, 1);
   if (message) *message = err;
   return rc;
 }
@@ -263,15 +265,17 @@ TEST_F(Gpu, PagedDecodeReplaysInAGraphWithNewLengths) {
   const int rc = attn_decode_paged_async(&b.c, b.q.get(), b.k_cache.get(), b.v_cache.get(), b.block_table.as<int>(),
                                          b.seq_lens.as<int>(), b.o.get(), b.lse.as<float>(), b.workspace.get(),
                                          b.workspace.bytes(), stream_, err, sizeof err);
-  EXPECT_EQ(attn_decode_paged_check(&b.c, b.workspace.get(), stream_, err, sizeof err), ATTN_INVALID_INPUT)
-      << "no check while capturing";
+  int checked = 1;
+  EXPECT_EQ(attn_decode_paged_check(&b.c, b.workspace.get(), stream_, &checked, err, sizeof err), ATTN_OK) << err;
+  EXPECT_EQ(checked, 0) << "no synchronization while capturing";
   CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   ASSERT_EQ(rc, ATTN_OK) << err;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (std::vector<int> lens : {std::vector<int>{300, 5000, 64}, std::vector<int>{1, 17, 0}}) {
     CUDA_CHECK(cudaMemcpy(b.seq_lens.get(), lens.data(), b.seq_lens.bytes(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    EXPECT_EQ(attn_decode_paged_check(&b.c, b.workspace.get(), stream_, err, sizeof err), ATTN_OK) << err;
+    EXPECT_EQ(attn_decode_paged_check(&b.c, b.workspace.get(), stream_, &checked, err, sizeof err), ATTN_OK) << err;
+    EXPECT_EQ(checked, 1);
     std::vector<unsigned char> replayed(b.o.bytes()), eager(b.o.bytes());
     CUDA_CHECK(cudaMemcpy(replayed.data(), b.o.get(), b.o.bytes(), cudaMemcpyDeviceToHost));
     fill_poison(b.o.get(), b.o.bytes(), stream_);

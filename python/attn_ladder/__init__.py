@@ -12,7 +12,7 @@ run() calls the library directly. Both enqueue on the current stream and never s
 """
 
 from ._capi import AttnLadderError, backward_head_dims, descale_blocks, library_path, rung_info, rungs, run
-from .ops import attention, has_backward
+from .ops import attention, decode_paged, has_backward
 
-__all__ = ["AttnLadderError", "attention", "backward_head_dims", "descale_blocks", "has_backward", "library_path",
-           "rung_info", "rungs", "run"]
+__all__ = ["AttnLadderError", "attention", "backward_head_dims", "decode_paged", "descale_blocks", "has_backward",
+           "library_path", "rung_info", "rungs", "run"]
