@@ -8,14 +8,16 @@
 //   bytes_in_flight_per_sm = ctas_per_sm x (kStages - 1) x 8 KiB
 // requested. Little's law says the rate reaches the HBM's when that exceeds
 // bandwidth x latency / SMs. Also timed: a plain device copy (cudaMemcpyAsync) of the same
-// buffer, whose read rate is the decode stage's roofline.
+// buffer, as the bench's copy ceiling: bytes read + written per second, the rate the HBM
+// sustains, which the lessons take as a read stream's roofline.
 //
 //   build/bench/inflight_bw --csv inflight.csv
 //
 // CSV: gpu, kind (stream | copy), ctas_per_sm, stages, bytes_in_flight_per_sm, read_gbps,
 // model_bytes_in_flight_per_sm (the library's model on this device), peak_gbps (from the
-// device's memory clock and bus width). Prints the latency the curve implies: the fewest
-// bytes in flight per SM that reach 90 % of the copy's read rate, times SMs, over that rate.
+// device's memory clock and bus width); the copy row's read_gbps is its read + write rate.
+// Prints the latency the curve implies: the fewest bytes in flight per SM that reach 90 % of
+// the copy's rate, times SMs, over that rate.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -120,7 +122,8 @@ void sweep(int sms, const void* src, unsigned* sink, cudaStream_t stream, std::v
         ...);
 }
 
-double copy_read_gbps(void* dst, const void* src, cudaStream_t stream) {
+// A device copy of the buffer: bytes read + written per second / 1e9.
+double copy_gbps(void* dst, const void* src, cudaStream_t stream) {
   cudaEvent_t a, b;
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));
@@ -137,7 +140,7 @@ double copy_read_gbps(void* dst, const void* src, cudaStream_t stream) {
   CUDA_CHECK(cudaEventDestroy(a));
   CUDA_CHECK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
-  return kBufferBytes / (ms[ms.size() / 2] * 1e-3) / 1e9;  // bytes read per second
+  return 2.0 * kBufferBytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
 }
 
 }  // namespace
@@ -165,7 +168,7 @@ int main(int argc, char** argv) {
   std::vector<Point> points;
   sweep<2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24>(dev.sm_count, src.get(), sink.as<unsigned>(), stream, points);
   std::sort(points.begin(), points.end(), [](const Point& a, const Point& b) { return a.in_flight < b.in_flight; });
-  const double copy = copy_read_gbps(dst.get(), src.get(), stream);
+  const double copy = copy_gbps(dst.get(), src.get(), stream);
 
   const std::string gpu = current_gpu_slug();
   FILE* f = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
@@ -184,15 +187,15 @@ int main(int argc, char** argv) {
       std::fprintf(f, "%s,stream,%d,%d,%.0f,%.1f,%.0f,%.0f\n", gpu.c_str(), p.ctas_per_sm, p.stages, p.in_flight,
                    p.gbps, dev.bytes_in_flight_per_sm(), dev.bandwidth / 1e9);
   }
-  std::printf("  device copy: %.0f GB/s read (and as many written)\n", copy);
+  std::printf("  device copy: %.0f GB/s (read + written)\n", copy);
   if (f) {
     std::fprintf(f, "%s,copy,,,,%.1f,%.0f,%.0f\n", gpu.c_str(), copy, dev.bytes_in_flight_per_sm(), dev.bandwidth / 1e9);
     std::fclose(f);
   }
-  // The knee: the fewest bytes in flight per SM reaching 90 % of the copy's read rate.
+  // The knee: the fewest bytes in flight per SM reaching 90 % of the copy's rate.
   for (const Point& p : points)
     if (p.gbps >= 0.9 * copy) {
-      std::printf("90 %% of the copy's read rate from %.0f kB in flight per SM: implied latency %.0f ns "
+      std::printf("90 %% of the copy's rate from %.0f kB in flight per SM: implied latency %.0f ns "
                   "(ATTN_DECODE_LATENCY_NS; the model uses %.0f)\n",
                   p.in_flight / 1e3, p.in_flight * dev.sm_count / (copy * 1e9) * 1e9, dev.latency_s * 1e9);
       break;
