@@ -325,7 +325,7 @@ namespace fa2 {
 
 // The checks the host can make of a paged call (the rest, the table's entries and the
 // lengths, the kernel makes): sizes, the capacity as p.Nk, pointers, alignment, workspace.
-void check_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t) {
+static void check_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t) {
   auto refuse = [](const std::string& why) { throw AttnError("05_fa2_decode (paged): " + why); };
   if (kv.page_size < kPageSizeMin || kv.page_size > kPageSizeMax)
     refuse("page_size = " + std::to_string(kv.page_size) + " is not in [" + std::to_string(kPageSizeMin) + ", " +

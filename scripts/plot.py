@@ -27,7 +27,10 @@ scripts/decode_bench.py's contiguous and paged rows with their peers in CUDA gra
 and with --inflight CSV (build/bench/inflight_bw), from it alone:
   inflight_bw.png        read bandwidth vs bytes in flight per SM, one line per CTAs per SM,
                          with the device copy's read rate and the decode model's bytes in flight
-The bench CSVs (positional) may be left out when only --decode, --backward or --inflight is given.
+and with --decode-paged CSV (scripts/decode_bench.py), from it alone:
+  decode_paged_vs_nk.png as decode_vs_nk.png, for the contiguous and paged rows and their peers
+The bench CSVs (positional) may be left out when only --decode, --decode-paged, --backward or
+--inflight is given.
 With --readme FILE, rewrites the text between <!-- results:begin --> and
 <!-- results:end --> with a TFLOPS table (rung x N, d = 128, non-causal) and links to
 the images, relative to the README. Missing data skips that series; it never crashes.
@@ -523,7 +526,7 @@ def rewrite_readme(readme, body):
     print(f"plot.py: rewrote the results block of {readme}")
 
 
-def plot_decode(rows, palette, out_dir):
+def plot_decode(rows, palette, out_dir, name="decode_vs_nk.png"):
     """Time vs Nk per (Nq, B) of the decode sweep, with K + V at copy bandwidth as the floor."""
     chosen = [r for r in rows if r["time_ms_median"] is not None and r["Nq"] < r["Nk"]]
     nqs = sorted({r["Nq"] for r in chosen}) or [1]
@@ -565,7 +568,7 @@ def plot_decode(rows, palette, out_dir):
     h = chosen[0] if chosen else None
     shape = f"H = {h['H']} over Hkv = {h['Hkv']}, d = {h['d']}, {h['dtype']}" if h else ""
     title(fig, f"One decode step against a KV cache of Nk keys ({shape})", chosen or rows)
-    return save(fig, out_dir, "decode_vs_nk.png")
+    return save(fig, out_dir, name)
 
 
 def plot_inflight(path, out_dir):
@@ -611,11 +614,13 @@ def main(argv=None):
     p.add_argument("--decode", type=pathlib.Path, nargs="+", help="the decode sweep's CSVs: decode_vs_nk.png from them alone")
     p.add_argument("--backward", type=pathlib.Path, nargs="+",
                    help="the backward sweep's CSVs (attn_bench/peers.py --backward): backward_tflops_vs_n.png from them alone")
+    p.add_argument("--decode-paged", type=pathlib.Path, nargs="+",
+                   help="scripts/decode_bench.py's CSVs (contiguous and paged in CUDA graphs): decode_paged_vs_nk.png")
     p.add_argument("--inflight", type=pathlib.Path, help="build/bench/inflight_bw's CSV: inflight_bw.png from it alone")
     args = p.parse_args(argv)
-    if not (args.csv or args.decode or args.backward or args.inflight):
-        p.error("give bench/peers CSVs, or --decode, --backward or --inflight")
-    extra = [*([args.fp8] if args.fp8 else []), *(args.decode or []), *(args.backward or []),
+    if not (args.csv or args.decode or args.backward or args.inflight or args.decode_paged):
+        p.error("give bench/peers CSVs, or --decode, --decode-paged, --backward or --inflight")
+    extra = [*([args.fp8] if args.fp8 else []), *(args.decode or []), *(args.backward or []), *(args.decode_paged or []),
              *([args.inflight] if args.inflight else [])]
     missing = [str(c) for c in [*args.csv, *extra] if not c.is_file()]
     if missing:
@@ -642,6 +647,9 @@ def main(argv=None):
     if args.decode:  # linked from 05_fa2_reordered/decode.md
         decode_rows = load(args.decode)
         plot_decode(decode_rows, Palette(rung_order(decode_rows)), out_dir)
+    if args.decode_paged:  # scripts/decode_bench.py: contiguous and paged, CUDA graphs
+        paged_rows = load(args.decode_paged)
+        plot_decode(paged_rows, Palette(rung_order(paged_rows)), out_dir, "decode_paged_vs_nk.png")
     if args.inflight:  # linked from 05_fa2_reordered/decode.md
         plot_inflight(args.inflight, out_dir)
     if args.readme and args.csv:
