@@ -71,12 +71,13 @@ __device__ __forceinline__ void mask_decode_tile(float (&S_ij)[Frag<Cfg>::kM][Fr
 }
 
 // cp.async keys [first_key, first_key + kRows) of KV head `head` of one sequence of the paged
-// cache into a tile, as load_tile does for a contiguous [Nk, d] matrix: each row looks up its
-// page, key n at page `pages[n / page_size]`, slot n % page_size, row stride Hkv * d. Keys at
-// or past Nk are zero-filled and never read. The caller has checked every page index it uses.
+// cache into the K and V tiles, as load_tile does for a contiguous [Nk, d] matrix: each row
+// looks up its page once for both, key n at page `pages[n / page_size]`, slot n % page_size,
+// row stride Hkv * d. Keys at or past Nk are zero-filled and never read. The caller has
+// checked every page index it uses.
 template <class Cfg, int kRows, typename T>
-__device__ __forceinline__ void load_paged_tile(T* tile, const T* cache, const int* pages, const DecodeParams<T>& p,
-                                                int head, int first_key, int Nk) {
+__device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const DecodeParams<T>& p, const int* pages,
+                                                 int head, int first_key, int Nk) {
   constexpr int kChunksPerRow = Cfg::kD / kChunkElems;
   constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
   static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
@@ -90,7 +91,9 @@ __device__ __forceinline__ void load_paged_tile(T* tile, const T* cache, const i
       const int page = __ldg(pages + key / p.page_size), slot = key % p.page_size;
       offset = ((int64_t(page) * p.page_size + slot) * p.Hkv + head) * Cfg::kD + chunk * kChunkElems;
     }
-    ptx::cp_async_16(ptx::smem_u32(tile + tile_offset<Cfg>(row, chunk)), cache + offset, valid);
+    const int dst = tile_offset<Cfg>(row, chunk);
+    ptx::cp_async_16(ptx::smem_u32(k_tile + dst), p.k + offset, valid);
+    ptx::cp_async_16(ptx::smem_u32(v_tile + dst), p.v + offset, valid);
   }
 }
 
@@ -179,29 +182,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   }
 
   // Rows past R and keys past Nk are zero-filled (load_tile); the mask drops those keys.
-  auto load_kv = [&](T* dst, const T* src, int j) {
-    if constexpr (kPaged)
-      load_paged_tile<Cfg, B_c>(dst, src, pages, p, head, (j0 + j) * B_c, Nk);
-    else
-      load_tile<Cfg, B_c>(dst, src, (j0 + j) * B_c, p.Nk);
+  auto load_kv = [&](int slot, int j) {  // K_j and V_j into ring slot `slot`
+    if constexpr (kPaged) {
+      load_paged_tiles<Cfg, B_c>(sm.sK + slot * kTileKV, sm.sV + slot * kTileKV, p, pages, head, (j0 + j) * B_c, Nk);
+    } else {
+      load_tile<Cfg, B_c>(sm.sK + slot * kTileKV, K, (j0 + j) * B_c, p.Nk);
+      load_tile<Cfg, B_c>(sm.sV + slot * kTileKV, V, (j0 + j) * B_c, p.Nk);
+    }
   };
   load_tile<Cfg, B_r>(sm.sQ, Q, row0, p.R);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < T_c) {
-      load_kv(sm.sK + s * kTileKV, kPaged ? p.k : K, s);
-      load_kv(sm.sV + s * kTileKV, kPaged ? p.v : V, s);
-    }
+    if (s < T_c) load_kv(s, s);
     ptx::cp_async_commit();
   }
   for (int j = 0; j < T_c; ++j) {
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // block j landed for every thread's copies; block j - 1's buffers are free
     const int next = j + kStages - 1;
-    if (next < T_c) {
-      load_kv(sm.sK + (next % kStages) * kTileKV, kPaged ? p.k : K, next);
-      load_kv(sm.sV + (next % kStages) * kTileKV, kPaged ? p.v : V, next);
-    }
+    if (next < T_c) load_kv(next % kStages, next);
     ptx::cp_async_commit();
     const T* K_j = sm.sK + (j % kStages) * kTileKV;
     const T* V_j = sm.sV + (j % kStages) * kTileKV;
