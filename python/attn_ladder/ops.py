@@ -1,7 +1,7 @@
 """attention(): the ladder's rungs as one PyTorch operator, attn_ladder::attention.
 
-Two definitions of the same operators (attention, attention_backward, attention_e4m3), with
-the same schemas, checks and messages:
+Two definitions of the same operators (attention, attention_backward, attention_e4m3,
+decode_paged), with the same schemas, checks and messages:
 - in C++ (ladder/torch_op.cpp, libattn_ladder_torch.so beside libattn_ladder.so), loaded with
   torch.ops.load_library when it was built against this very torch (CMake builds it when it
   finds torch: the repository's build, or `pip install --no-build-isolation .`). A call
