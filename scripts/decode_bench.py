@@ -17,7 +17,7 @@ ceiling): the rate the HBM sustains, the roofline of a decode step's K + V reads
     scripts/decode_bench.py --csv results/<gpu>/decode_paged.csv
     scripts/decode_bench.py --B 1,8 --nk 4096,65536 --nq 1 --pages 64
 
-Prints, per (B, Nq, Nk), the time of the contiguous decode, cuDNN / ours and flash / ours
+Prints, per (B, Nq, Nk) as it goes, the time of the contiguous decode, cuDNN / ours and flash / ours
 (> 1: ours is faster), paged / contiguous per page size, and the K + V read rate against the
 copy's rate.
 """
@@ -187,25 +187,28 @@ def run_problem(a, flush, common, writer, B, Nq, Nk, summary):
     torch.cuda.empty_cache()
 
 
-def print_summary(summary, copy_gbps, pages):
+def summary_header(copy_gbps, pages):
     print(f"\nratios (> 1: ours faster / paged slower); device copy {copy_gbps:.0f} GB/s (read + written)")
     head = f"{'B':>3} {'Nq':>3} {'Nk':>7} {'ours us':>8} {'cuDNN/ours':>10} {'flash/ours':>10}"
     head += "".join(f" {f'paged{p}/contig':>15}" for p in pages) + f" {'KV TB/s':>8} {'% copy':>7}"
-    print(head)
-    for B, Nq, Nk, t, kv in summary:
-        ours = t.get("05_fa2_decode")
-        if ours is None:
-            continue
-        cell = lambda x: f"{x:.3f}" if x is not None else "-"  # noqa: E731
-        line = f"{B:>3} {Nq:>3} {Nk:>7} {ours * 1e3:>8.1f}"
-        line += f" {cell(t['torch_cudnn'] / ours if 'torch_cudnn' in t else None):>10}"
-        line += f" {cell(t['torch_flash'] / ours if 'torch_flash' in t else None):>10}"
-        for p in pages:
-            pt = t.get(f"05_fa2_decode_paged{p}")
-            line += f" {cell(pt / ours if pt else None):>15}"
-        rate = kv / (ours * 1e-3) / 1e9
-        line += f" {rate / 1e3:>8.2f} {100 * rate / copy_gbps:>6.1f}%"
-        print(line)
+    print(head, flush=True)
+
+
+def summary_line(entry, copy_gbps, pages):
+    B, Nq, Nk, t, kv = entry
+    ours = t.get("05_fa2_decode")
+    if ours is None:
+        return
+    cell = lambda x: f"{x:.3f}" if x is not None else "-"  # noqa: E731
+    line = f"{B:>3} {Nq:>3} {Nk:>7} {ours * 1e3:>8.1f}"
+    line += f" {cell(t['torch_cudnn'] / ours if 'torch_cudnn' in t else None):>10}"
+    line += f" {cell(t['torch_flash'] / ours if 'torch_flash' in t else None):>10}"
+    for p in pages:
+        pt = t.get(f"05_fa2_decode_paged{p}")
+        line += f" {cell(pt / ours if pt else None):>15}"
+    rate = kv / (ours * 1e-3) / 1e9
+    line += f" {rate / 1e3:>8.2f} {100 * rate / copy_gbps:>6.1f}%"
+    print(line, flush=True)
 
 
 def main(argv=None):
@@ -218,18 +221,19 @@ def main(argv=None):
     print(f"[decode] {common['gpu']}: device copy {copy_gbps:.0f} GB/s (read + written), "
           f"torch {torch.__version__}, operator backend {attn_ladder.ops.BACKEND}", flush=True)
     f, writer = peers.open_csv(a.csv) if a.csv else (None, None)
-    summary = []
+    summary = []  # one line per problem as it is measured (a timeout keeps the lines so far)
+    summary_header(copy_gbps, a.pages)
     try:
         for Nq in a.nq:
             for B in a.B:
                 for Nk in a.nk:
                     run_problem(a, flush, common, writer, B, Nq, Nk, summary)
+                    summary_line(summary[-1], copy_gbps, a.pages)
                     if f:
                         f.flush()
     finally:
         if f:
             f.close()
-    print_summary(summary, copy_gbps, a.pages)
     return 0
 
 
