@@ -42,19 +42,26 @@ struct DecodeParams {
   int first_masked;    // the first key block that needs a mask (ragged end of K or causal diagonal)
   bool causal;
   float scale, scale_log2, rescale_log2;
+  // Paged cache only (k, v then point at k_cache, v_cache [num_pages, page_size, Hkv, d]):
+  const int* block_table;  // [B, max_pages]
+  const int* seq_lens;     // [B]
+  int Hkv, num_pages, page_size, max_pages;
+  PagedErrorWord* error;   // the workspace's head, zeroed by the launch
 };
 
-// S = -inf where a key is past what packed row r (query row r % Nq) sees: key >= Nk, or,
+// S = -inf where a key is past what packed row r (query row r % Nq) sees: key >= Nk (this
+// sequence's length), or,
 // causal, key > r % Nq + Nk - Nq (bottom-right aligned).
 template <typename T, class Cfg>
 __device__ __forceinline__ void mask_decode_tile(float (&S_ij)[Frag<Cfg>::kM][Frag<Cfg>::kS][4],
-                                                 const DecodeParams<T>& p, int warp_row0, int key0, int lane) {
+                                                 const DecodeParams<T>& p, int Nk, int warp_row0, int key0,
+                                                 int lane) {
 #pragma unroll
   for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = warp_row0 + mt * 16 + lane / 4 + 8 * half;
-      const int last_key = p.causal ? min(p.Nk - 1, r % p.Nq + (p.Nk - p.Nq)) : p.Nk - 1;
+      const int last_key = p.causal ? min(Nk - 1, r % p.Nq + (Nk - p.Nq)) : Nk - 1;
 #pragma unroll
       for (int nt = 0; nt < Frag<Cfg>::kS; ++nt)
 #pragma unroll
@@ -63,9 +70,47 @@ __device__ __forceinline__ void mask_decode_tile(float (&S_ij)[Frag<Cfg>::kM][Fr
     }
 }
 
+// cp.async keys [first_key, first_key + kRows) of KV head `head` of one sequence of the paged
+// cache into the K and V tiles, as load_tile does for a contiguous [Nk, d] matrix: each row
+// looks up its page once for both, key n at page `pages[n / page_size]`, slot n % page_size,
+// row stride Hkv * d. Keys at or past Nk are zero-filled and never read. The caller has
+// checked every page index it uses.
+template <class Cfg, int kRows, typename T>
+__device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const DecodeParams<T>& p, const int* pages,
+                                                 int head, int first_key, int Nk) {
+  constexpr int kChunksPerRow = Cfg::kD / kChunkElems;
+  constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
+  static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
+  const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int row = r0 + pass * kRowsPerPass, key = first_key + row;
+    const bool valid = key < Nk;
+    int64_t offset = 0;
+    if (valid) {
+      const int page = __ldg(pages + key / p.page_size), slot = key % p.page_size;
+      offset = ((int64_t(page) * p.page_size + slot) * p.Hkv + head) * Cfg::kD + chunk * kChunkElems;
+    }
+    const int dst = tile_offset<Cfg>(row, chunk);
+    ptx::cp_async_16(ptx::smem_u32(k_tile + dst), p.k + offset, valid);
+    ptx::cp_async_16(ptx::smem_u32(v_tile + dst), p.v + offset, valid);
+  }
+}
+
+// Reports a bad block table or length: sets `bit` in the error word, and the first reporter
+// records where.
+__device__ __forceinline__ void report_paged_error(PagedErrorWord* e, int bit, int sequence, int position, int value) {
+  if (atomicOr(&e->flags, bit) == 0) {
+    e->sequence = sequence;
+    e->position = position;
+    e->value = value;
+  }
+}
+
 // Kernel 1: FA2's loop over the key blocks of split blockIdx.z, for row block blockIdx.y of
-// (batch, KV head) blockIdx.x.
-template <typename T, class Cfg>
+// (batch, KV head) blockIdx.x. Paged: K and V from the paged cache, the keys of this
+// sequence only (seq_lens[b]).
+template <typename T, class Cfg, bool kPaged>
 __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const DecodeParams<T> p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int kAlign = Cfg::Layout::kAlign;
@@ -76,12 +121,46 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   const int bkv = blockIdx.x, row0 = blockIdx.y * B_r, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const T* Q = p.q + int64_t(bkv) * p.R * D;  // the group's packed rows
-  const T* K = p.k + int64_t(bkv) * p.Nk * D;
+  const T* K = p.k + int64_t(bkv) * p.Nk * D;  // contiguous only
   const T* V = p.v + int64_t(bkv) * p.Nk * D;
+  const int b = bkv / max(p.Hkv, 1), head = bkv % max(p.Hkv, 1);
+  int Nk = p.Nk;  // this sequence's keys
+  const int* pages = nullptr;
   const int key_begin = split * p.keys_per_split;
-  const int key_end = min(p.Nk, key_begin + p.keys_per_split);
+  bool bad = false;
+  if constexpr (kPaged) {
+    // Check before any load: the length, then every page index this CTA's keys use (the
+    // entries before max_pages only: a good length never reaches past them).
+    Nk = p.seq_lens[b];
+    pages = p.block_table + int64_t(b) * p.max_pages;
+    if (Nk < 0 || Nk > p.max_pages * p.page_size) {
+      bad = true;
+      if (threadIdx.x == 0 && head == 0 && split == 0 && blockIdx.y == 0)
+        report_paged_error(p.error, Nk < 0 ? kBadLength : kLengthBeyondPages, b, -1, Nk);
+    } else {
+      const int key_last = min(Nk, key_begin + p.keys_per_split) - 1;
+      const int first_page = key_begin / p.page_size;
+      const int last_page = key_last >= key_begin ? key_last / p.page_size : first_page - 1;
+      bool mine = false;
+      for (int c = first_page + int(threadIdx.x); c <= last_page; c += Cfg::kThreads) {
+        const int page = pages[c];
+        if (page < 0 || page >= p.num_pages) {
+          mine = true;
+          report_paged_error(p.error, kPageOutOfRange, b, c, page);
+        }
+      }
+      bad = __syncthreads_or(mine);
+    }
+  }
+  const int key_end = min(Nk, key_begin + p.keys_per_split);
   const int j0 = key_begin / B_c;                     // keys_per_split is a multiple of B_c
-  const int T_c = (key_end - key_begin + B_c - 1) / B_c;  // >= 1: every split has a key
+  // Contiguous: >= 1, every split has a key. Paged: <= 0 for a split past a short sequence's
+  // end (no keys: l = 0, so O^(s) = 0 and L^(s) = -inf) and for a bad table (NaN below).
+  const int T_c = bad ? 0 : (key_end - key_begin + B_c - 1) / B_c;
+  // First block that needs a mask: the ragged end of K or, causal, past what query row 0
+  // (the row that sees least: keys <= Nk - Nq) sees.
+  const int first_masked =
+      kPaged ? (p.causal ? min(Nk / B_c, max(0, Nk - p.Nq + 1) / B_c) : Nk / B_c) : p.first_masked;
   const int warp_row0 = row0 + warp_first_row<Cfg>(warp);
   // A warp whose 16-row tile holds no packed row (warps 1-3 of the narrow tile, the last
   // warps of the wide one at small R) copies K and V for the others and skips the math.
@@ -103,24 +182,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   }
 
   // Rows past R and keys past Nk are zero-filled (load_tile); the mask drops those keys.
-  auto load_kv = [&](T* dst, const T* src, int j) { load_tile<Cfg, B_c>(dst, src, (j0 + j) * B_c, p.Nk); };
+  auto load_kv = [&](int slot, int j) {  // K_j and V_j into ring slot `slot`
+    if constexpr (kPaged) {
+      load_paged_tiles<Cfg, B_c>(sm.sK + slot * kTileKV, sm.sV + slot * kTileKV, p, pages, head, (j0 + j) * B_c, Nk);
+    } else {
+      load_tile<Cfg, B_c>(sm.sK + slot * kTileKV, K, (j0 + j) * B_c, p.Nk);
+      load_tile<Cfg, B_c>(sm.sV + slot * kTileKV, V, (j0 + j) * B_c, p.Nk);
+    }
+  };
   load_tile<Cfg, B_r>(sm.sQ, Q, row0, p.R);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < T_c) {
-      load_kv(sm.sK + s * kTileKV, K, s);
-      load_kv(sm.sV + s * kTileKV, V, s);
-    }
+    if (s < T_c) load_kv(s, s);
     ptx::cp_async_commit();
   }
   for (int j = 0; j < T_c; ++j) {
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // block j landed for every thread's copies; block j - 1's buffers are free
     const int next = j + kStages - 1;
-    if (next < T_c) {
-      load_kv(sm.sK + (next % kStages) * kTileKV, K, next);
-      load_kv(sm.sV + (next % kStages) * kTileKV, V, next);
-    }
+    if (next < T_c) load_kv(next % kStages, next);
     ptx::cp_async_commit();
     const T* K_j = sm.sK + (j % kStages) * kTileKV;
     const T* V_j = sm.sV + (j % kStages) * kTileKV;
@@ -129,10 +209,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
 
     float S_ij[Frag<Cfg>::kM][Frag<Cfg>::kS][4];
     qk_tile<T, Cfg>(S_ij, sm.sQ, K_j, warp_first_row<Cfg>(warp), lane);
-    if (j0 + j < p.first_masked) {
+    if (j0 + j < first_masked) {
       online_softmax<Cfg, false>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
     } else {
-      mask_decode_tile<T, Cfg>(S_ij, p, warp_row0, (j0 + j) * B_c, lane);
+      mask_decode_tile<T, Cfg>(S_ij, p, Nk, warp_row0, (j0 + j) * B_c, lane);
       online_softmax<Cfg, true>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
     }
     uint32_t P_ij[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4];
@@ -156,8 +236,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
       const int r = warp_row0 + mt * 16 + lane / 4 + 8 * half;
       if (r >= p.R) continue;
       const int64_t row = int64_t(bkv) * p.R + r;
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      const float L = l > 0.f ? m_i[mt][half] * p.scale + logf(l) : -INFINITY;
+      // A bad paged table: NaN, never a plausible answer (the combine carries it to O).
+      const float inv_l = bad ? NAN : l > 0.f ? 1.f / l : 0.f;
+      const float L = bad ? NAN : l > 0.f ? m_i[mt][half] * p.scale + logf(l) : -INFINITY;
       if (p.splits == 1) {
         T* out = p.o + row * D + 2 * (lane % 4);
 #pragma unroll
@@ -191,16 +272,22 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   ptx::griddep_wait();  // launched early (programmatic dependent launch): the partials first
   const float* L = lse_part + row * splits;
-  float m = -INFINITY;
-  for (int s = lane; s < splits; s += 32) m = fmaxf(m, L[s]);
+  float m = -INFINITY, nan = 0.f;
+  for (int s = lane; s < splits; s += 32) {
+    m = fmaxf(m, L[s]);
+    nan = isnan(L[s]) ? 1.f : nan;  // a paged split that refused its table (fmaxf skips NaN)
+  }
   m = group_max(m);
+  nan = group_max(nan);
   float sum = 0.f;
   if (m != -INFINITY)
     for (int s = lane; s < splits; s += 32) sum += expf(L[s] - m);  // e^(-inf) = 0
   sum = group_sum(sum);
-  const float row_lse = m == -INFINITY ? -INFINITY : m + logf(sum);  // L = log sum_s e^(L^(s))
+  const float row_lse = nan > 0.f ? NAN : m == -INFINITY ? -INFINITY : m + logf(sum);  // L = log sum_s e^(L^(s))
   float acc[kPer] = {};
-  if (m != -INFINITY)
+  if (nan > 0.f)
+    for (int i = 0; i < kPer; ++i) acc[i] = NAN;
+  else if (m != -INFINITY)
 #pragma unroll 4  // independent loads: several splits' partials in flight at once
     for (int s = warp; s < splits; s += kCombineWarps) {
       const float w = expf(L[s] - row_lse);  // e^(L^(s) - L): this split's share of the softmax mass
@@ -229,17 +316,22 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   if (lse && lane == 0) lse[row] = row_lse;
 }
 
-// The split kernel on tile Cfg, then the combine (none with one split).
+// The split kernel on tile Cfg, then the combine (none with one split). kv: the paged cache,
+// or null for the contiguous t.k, t.v.
 template <typename T, int kD, class Cfg>
-void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const DecodeSplit& split, cudaStream_t stream) {
+void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const PagedKV* kv, const DecodeSplit& split,
+                        cudaStream_t stream) {
+  static_assert(Cfg::kSmemBytes == decode_smem_bytes(kD, Cfg::kBr, Cfg::kStages),
+                "decode_smem_bytes (the CPU model's) is the tile's shared memory");
   const int64_t rows = int64_t(p.B) * p.H * p.Nq;
-  DecodeParams<T> prm;
+  DecodeParams<T> prm{};
   prm.q = static_cast<const T*>(t.q);
-  prm.k = static_cast<const T*>(t.k);
-  prm.v = static_cast<const T*>(t.v);
+  prm.k = static_cast<const T*>(kv ? kv->k_cache : t.k);
+  prm.v = static_cast<const T*>(kv ? kv->v_cache : t.v);
   prm.o = static_cast<T*>(t.o);
   prm.lse = t.lse;
-  prm.o_part = split.splits > 1 ? static_cast<float*>(t.workspace) : nullptr;
+  unsigned char* partials = static_cast<unsigned char*>(t.workspace) + (kv ? kPagedHeaderBytes : 0);
+  prm.o_part = split.splits > 1 ? reinterpret_cast<float*>(partials) : nullptr;
   prm.lse_part = split.splits > 1 ? prm.o_part + rows * split.splits * kD : nullptr;
   prm.Nq = p.Nq;
   prm.Nk = p.Nk;
@@ -247,15 +339,25 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const Decode
   prm.splits = split.splits;
   prm.keys_per_split = split.keys_per_split;
   // Blocks before this one are inside [0, Nk) and, causal, wholly visible to query row 0
-  // (the row that sees least: keys <= Nk - Nq).
+  // (the row that sees least: keys <= Nk - Nq). Paged: per sequence, in the kernel.
   prm.first_masked = p.Nk / Cfg::kBc;
   if (p.causal) prm.first_masked = min(prm.first_masked, max(0, p.Nk - p.Nq + 1) / Cfg::kBc);
   prm.causal = p.causal;
   prm.scale = p.softmax_scale();
   prm.scale_log2 = prm.scale * static_cast<float>(M_LOG2E);
   prm.rescale_log2 = kRescaleLog2;
+  prm.Hkv = p.Hkv;
+  if (kv) {
+    prm.block_table = kv->block_table;
+    prm.seq_lens = kv->seq_lens;
+    prm.num_pages = kv->num_pages;
+    prm.page_size = kv->page_size;
+    prm.max_pages = kv->max_pages;
+    prm.error = static_cast<PagedErrorWord*>(t.workspace);
+    CUDA_CHECK(cudaMemsetAsync(prm.error, 0, sizeof(PagedErrorWord), stream));
+  }
 
-  auto split_kernel = fa2_decode_split_kernel<T, Cfg>;
+  auto split_kernel = kv ? fa2_decode_split_kernel<T, Cfg, true> : fa2_decode_split_kernel<T, Cfg, false>;
   allow_smem<Cfg>(split_kernel);
   const dim3 grid(unsigned(int64_t(p.B) * p.Hkv), unsigned(split.row_blocks), unsigned(split.splits));
   split_kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
@@ -277,13 +379,26 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const Decode
   CUDA_CHECK_LAUNCH();
 }
 
+// The tile and ring depth decode_split chose.
+template <typename T, int kD>
+void launch_decode(const AttnProblem& p, const AttnTensors& t, const PagedKV* kv, cudaStream_t stream) {
+  const DecodeSplit split = decode_split(p, decode_device());
+  if (!split.narrow)
+    launch_decode_tile<T, kD, DecodeTileWide<kD>>(p, t, kv, split, stream);
+  else if (split.stages == kDecodeNarrowStages[0])
+    launch_decode_tile<T, kD, DecodeTileNarrow<kD, kDecodeNarrowStages[0]>>(p, t, kv, split, stream);
+  else
+    launch_decode_tile<T, kD, DecodeTileNarrow<kD, kDecodeNarrowStages[1]>>(p, t, kv, split, stream);
+}
+
 template <typename T, int kD>
 void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream) {
-  const DecodeSplit split = decode_split(p, decode_sm_count());
-  if (split.narrow)
-    launch_decode_tile<T, kD, DecodeTileNarrow<kD>>(p, t, split, stream);
-  else
-    launch_decode_tile<T, kD, DecodeTileWide<kD>>(p, t, split, stream);
+  launch_decode<T, kD>(p, t, nullptr, stream);
+}
+
+template <typename T, int kD>
+void launch_fa2_decode_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t, cudaStream_t stream) {
+  launch_decode<T, kD>(p, t, &kv, stream);
 }
 
 }  // namespace attn::fa2

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "05_fa2_reordered/fa2_tiles.h"
 #include "common/attention.h"
@@ -19,19 +21,84 @@ constexpr int kDecodeBc = 64;             // keys per K/V block
 constexpr int kDecodeMinSplitKeys = 256;  // fewer keys per split and the combine costs more than it saves
 constexpr int kDecodeMaxWaves = 4;  // the split count's search stops at grids of this many waves
 constexpr double kDecodeWaveFill = 0.95; // the fewest splits within this share of the best wave efficiency
+// The latency of a load while the HBM streams near its peak (the model's one constant that no
+// device property gives). Idle, a Hopper DRAM load takes well under a microsecond; at full
+// bandwidth the requests queue and each waits longer. `attn_bench --inflight` measures it on
+// the GPU at hand (the bytes in flight per SM at the curve's knee times SMs over bandwidth);
+// ATTN_DECODE_LATENCY_NS overrides it with such a measurement.
+constexpr double kDecodeLoadedLatencyNs = 2000;
 
 // The two tiles of the split kernel. Both run 4 warps, and all 128 threads copy K and V.
 //  - Narrow, R <= 16 packed rows (Nq = 1 up to 16 query heads per KV head; Nq = 4 at 4):
-//    one 16-row mma tile holds them all, so warp 0 computes and warps 1-3 only copy. A
-//    3-stage ring keeps two K/V blocks in flight; Q takes 16 rows of shared memory, not 64.
+//    one 16-row mma tile holds them all, so warp 0 computes and warps 1-3 only copy. A ring
+//    of kStages K/V blocks (3 or 4, decode_split picks) keeps kStages - 1 blocks in flight;
+//    Q takes 16 rows of shared memory, not 64.
 //  - Wide, R > 16: FA2's tile, 16 rows per warp, a 2-stage ring.
-template <int kD>
-struct DecodeTileNarrow : Tile<kD, 16, kDecodeBc, 1, 3> {
+template <int kD, int kStages>
+struct DecodeTileNarrow : Tile<kD, 16, kDecodeBc, 1, kStages> {
   static constexpr int kThreads = 128;  // 4 warps copy; Tile's kWarps = 1 warp owns rows
 };
 template <int kD>
 using DecodeTileWide = Tile<kD, 64, kDecodeBc, 4, 2>;
 constexpr int kDecodeNarrowRows = 16;
+constexpr int kDecodeWideRows = 64;
+constexpr int kDecodeNarrowStages[] = {3, 4};  // the ring depths instantiated for the narrow tile
+constexpr int kDecodeWideStages = 2;
+
+// Shared memory of a decode tile (Tile::kSmemBytes: swizzled rows of d elements, Q then the
+// ring, plus room to align); the CPU model uses it, static_asserts in fa2_decode.cuh tie it
+// to the tiles.
+constexpr int decode_smem_bytes(int d, int rows, int stages) {
+  return kElemBytes * d * (rows + 2 * stages * kDecodeBc) + SwizzledRows<64>::kAlign;
+}
+
+// What the split count and the ring depth are derived from: properties of the device (and
+// one latency, above), never its name.
+struct DecodeDevice {
+  int sm_count = 132;
+  double bandwidth = 3.35e12;            // bytes/s: 2 (double data rate) x memory clock x bus width / 8
+  double latency_s = kDecodeLoadedLatencyNs * 1e-9;
+  int smem_per_sm = 228 * 1024;          // cudaDevAttrMaxSharedMemoryPerMultiprocessor
+  int smem_per_block = 227 * 1024;       // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  int smem_reserved_per_block = 1024;    // cudaDevAttrReservedSharedMemoryPerBlock
+
+  // Little's law: to stream at `bandwidth` when each load takes `latency_s`, the GPU must have
+  // bandwidth x latency bytes requested and not yet arrived; each SM its share.
+  double bytes_in_flight_per_sm() const { return bandwidth * latency_s / std::max(sm_count, 1); }
+  // CTAs of `smem` bytes that fit one SM (0: not even one block fits).
+  int ctas_per_sm(int smem) const {
+    if (smem > smem_per_block) return 0;
+    return smem_per_sm / (smem + smem_reserved_per_block);
+  }
+};
+
+// The current device's model from its attributes (the defaults above, H100 SXM-like, without
+// a GPU, so that a CPU caller gets an answer); the latency from ATTN_DECODE_LATENCY_NS when
+// set. A few attribute reads: cheap enough for every launch, and a graph captures none.
+inline DecodeDevice decode_device() {
+  DecodeDevice dev;
+  if (const char* ns = std::getenv("ATTN_DECODE_LATENCY_NS")) {
+    const double v = std::atof(ns);
+    if (v > 0) dev.latency_s = v * 1e-9;
+  }
+  int device = 0, sms = 0, mem_khz = 0, bus_bits = 0, smem_sm = 0, smem_block = 0, reserved = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) {
+    cudaGetLastError();  // clear the error: no GPU is not a failure here
+    return dev;
+  }
+  if (sms > 0) dev.sm_count = sms;
+  if (mem_khz > 0 && bus_bits > 0) dev.bandwidth = 2.0 * mem_khz * 1e3 * bus_bits / 8;
+  if (smem_sm > 0) dev.smem_per_sm = smem_sm;
+  if (smem_block > 0) dev.smem_per_block = smem_block;
+  dev.smem_reserved_per_block = reserved;
+  return dev;
+}
 
 // The grid of one decode problem. Rows: the group = H / Hkv query heads sharing a KV head,
 // each with its Nq rows, packed into R = group * Nq rows (contiguous in Q and O), taken
@@ -41,26 +108,60 @@ struct DecodeSplit {
   int rows;            // R = group * Nq
   bool narrow;         // R <= 16: the narrow tile
   int row_blocks;      // ceil(R / B_r)
+  int stages;          // the K/V ring's depth: stages - 1 blocks in flight per CTA
+  int ctas_per_sm;     // CTAs each SM must run at once to keep bytes_in_flight_per_sm requested
   int splits;          // key ranges per (batch, KV head, row block); 1: the split kernel writes O
   int keys_per_split;  // multiple of kDecodeBc
 };
 
+// The ring depth and CTAs per SM. A CTA keeps (stages - 1) K + V blocks of 2 * B_c * d
+// elements requested ahead of the one it computes; c CTAs on an SM keep c times that. Take
+// the shallowest ring (least shared memory), then the fewest CTAs per SM (fewest splits) that
+// fit the SM and reach the device's bytes_in_flight_per_sm; more CTAs before a deeper ring,
+// because each narrow CTA computes on one warp, and two CTAs overlap two warps' math as well
+// as their copies. None reaching it: the most bytes in flight that fit.
+inline void decode_pipeline(const DecodeDevice& dev, int d, bool narrow, int& stages, int& ctas_per_sm) {
+  const double need = dev.bytes_in_flight_per_sm();
+  const double block = 2.0 * kDecodeBc * d * kElemBytes;  // K_j and V_j
+  const int rows = narrow ? kDecodeNarrowRows : kDecodeWideRows;
+  double most = -1;
+  auto consider = [&](int s) {  // true once ring depth s reaches `need`
+    const int fit = dev.ctas_per_sm(decode_smem_bytes(d, rows, s));
+    for (int c = 1; c <= fit; ++c) {
+      const double in_flight = c * (s - 1) * block;
+      if (in_flight >= need) {
+        stages = s, ctas_per_sm = c;
+        return true;
+      }
+      if (in_flight > most) most = in_flight, stages = s, ctas_per_sm = c;
+    }
+    return false;
+  };
+  stages = narrow ? kDecodeNarrowStages[0] : kDecodeWideStages, ctas_per_sm = 1;
+  if (!narrow) {
+    consider(kDecodeWideStages);
+    return;
+  }
+  for (int s : kDecodeNarrowStages)
+    if (consider(s)) return;
+}
+
 // The number of splits. The B * Hkv * row_blocks CTAs of an unsplit grid are far fewer than
 // the SMs at decode (8 at B = 1, Hkv = 8). Every split multiplies them; CTAs of equal length
-// run in waves, so a grid of 1.1 waves takes as long as 2. One CTA per SM already streams K
-// and V as fast as two (its ring keeps blocks in flight) and needs half the splits, so a
-// wave is sm_count CTAs. Among split counts that leave at least kDecodeMinSplitKeys keys per
-// split, take the fewest (longest CTAs, least to combine) whose last wave is nearly as full
-// as the best:
-//   efficiency(s) = waves(s) / ceil(waves(s)),   waves(s) = CTAs(s) / sm_count
-inline DecodeSplit decode_split(const AttnProblem& p, int sm_count) {
+// run in waves, so a grid of 1.1 waves takes as long as 2. A wave is ctas_per_sm x SMs CTAs
+// (decode_pipeline: what keeps each SM's share of bytes in flight). Among split counts that
+// leave at least kDecodeMinSplitKeys keys per split, take the fewest (longest CTAs, least to
+// combine) whose last wave is nearly as full as the best:
+//   efficiency(s) = waves(s) / ceil(waves(s)),   waves(s) = CTAs(s) / (ctas_per_sm * sm_count)
+inline DecodeSplit decode_split(const AttnProblem& p, const DecodeDevice& dev) {
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   DecodeSplit s{};
   s.rows = p.group() * p.Nq;
   s.narrow = s.rows <= kDecodeNarrowRows;
-  s.row_blocks = int(ceil_div(s.rows, s.narrow ? kDecodeNarrowRows : DecodeTileWide<64>::kBr));
+  s.row_blocks = int(ceil_div(s.rows, s.narrow ? kDecodeNarrowRows : kDecodeWideRows));
+  decode_pipeline(dev, p.d, s.narrow, s.stages, s.ctas_per_sm);
   const int64_t base = int64_t(p.B) * p.Hkv * s.row_blocks;  // CTAs without a split
-  const double slots = std::max(sm_count, 1);  // a wave: one CTA per SM (the ring keeps it busy)
+  const double slots = double(std::max(dev.sm_count, 1)) * s.ctas_per_sm;  // a wave
   // At most kDecodeMaxWaves waves: past them any count fills its grid to at least 4/5, and
   // shorter CTAs only add partials to combine. It also keeps this search, run on the host at
   // every launch, to a few dozen steps.
@@ -96,17 +197,6 @@ inline bool decode_has_pdl() {
   return major >= 9;
 }
 
-// The current device's SM count (132 without one, so that a CPU caller gets an answer).
-inline int decode_sm_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
-    cudaGetLastError();  // clear the error: no GPU is not a failure here
-    return 132;
-  }
-  return sms;
-}
-
 // Workspace: per packed row and split, the partial O (d fp32, normalized by its own l) and
 // its logsumexp (fp32).
 inline size_t decode_workspace_bytes(const AttnProblem& p, const DecodeSplit& s) {
@@ -115,9 +205,75 @@ inline size_t decode_workspace_bytes(const AttnProblem& p, const DecodeSplit& s)
   return rows * size_t(s.splits) * (size_t(p.d) + 1) * sizeof(float);
 }
 
+// ---- the paged KV cache ----
+//
+// K and V live in pages of page_size tokens shared by every sequence:
+//   k_cache, v_cache [num_pages, page_size, Hkv, d]     (vLLM's and FlashAttention's layout)
+//   block_table      [B, max_pages] int32: sequence b's token n is in page block_table[b][n / page_size],
+//                                          slot n % page_size
+//   seq_lens         [B] int32: sequence b's length Nk_b, 0 <= Nk_b <= max_pages * page_size
+// One token's Hkv * d elements are contiguous, so a KV head's row is d contiguous elements
+// (256 bytes at d = 128, bf16: whole 128-byte lines, as the contiguous cache's rows) strided
+// Hkv * d apart; a page may hold any sequence's tokens. The block table and the lengths live
+// on the device (a CUDA graph replays with new ones), so the host sizes the grid for the
+// capacity max_pages * page_size and CTAs past a sequence's end write an empty partial.
+struct PagedKV {
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  const int* block_table = nullptr;
+  const int* seq_lens = nullptr;
+  int num_pages = 0, page_size = 0, max_pages = 0;
+};
+constexpr int kPageSizeMin = 1;  // any page size works (each row looks its page up); 16-256 is the usual range
+constexpr int kPageSizeMax = 1 << 16;
+
+// Bad tables and lengths are found on the device (the host cannot read them without a
+// synchronization a CUDA graph forbids). Each CTA checks its sequence's length and every page
+// index it would use before it loads anything; a bad one is never dereferenced: the CTA
+// writes NaN (O and lse), sets a bit of an error word at the head of the workspace and, the
+// first to do so, the sequence, the position and the value. The launch zeroes the word first
+// (a memset node in a graph). decode_paged_check reads it after the work is done.
+enum PagedError : int { kBadLength = 1, kLengthBeyondPages = 2, kPageOutOfRange = 4 };
+struct PagedErrorWord {
+  int flags;     // PagedError bits
+  int sequence;  // the first bad sequence found
+  int position;  // its block-table column (kPageOutOfRange), or -1
+  int value;     // the bad length or page index
+};
+constexpr size_t kPagedHeaderBytes = 256;  // the error word, padded so the partials stay aligned
+
+// The paged problem as AttnProblem: Nk is the capacity max_pages * page_size (the grid's keys).
+inline size_t decode_paged_workspace_bytes(const AttnProblem& p, const DecodeSplit& s) {
+  return kPagedHeaderBytes + decode_workspace_bytes(p, s);
+}
+
+// The error word's message ("" when flags == 0).
+inline std::string paged_error_message(const PagedErrorWord& e, int page_size, int max_pages, int num_pages) {
+  if (e.flags == 0) return "";
+  std::string what;
+  if (e.flags & kBadLength) what = "seq_lens[" + std::to_string(e.sequence) + "] = " + std::to_string(e.value) +
+                                   " is negative";
+  else if (e.flags & kLengthBeyondPages)
+    what = "seq_lens[" + std::to_string(e.sequence) + "] = " + std::to_string(e.value) + " is beyond the " +
+           std::to_string(max_pages) + " pages of " + std::to_string(page_size) + " tokens the block table gives (" +
+           std::to_string(int64_t(max_pages) * page_size) + " tokens)";
+  else
+    what = "block_table[" + std::to_string(e.sequence) + "][" + std::to_string(e.position) + "] = " +
+           std::to_string(e.value) + " is not a page index in [0, " + std::to_string(num_pages) + ")";
+  return "bad paged KV cache: " + what + "; its outputs were set to NaN and no page outside the cache was read";
+}
+
 // Enqueue the split kernel and the combine for head dim kD. Defined in fa2_decode.cuh,
 // instantiated per (head dim, dtype) by the generated fa2_decode_instance_d<d>_<dtype>.cu.
 template <typename T, int kD>
 void launch_fa2_decode(const AttnProblem& p, const AttnTensors& t, cudaStream_t stream);
+// The same on a paged cache (t.k, t.v unused; t.workspace of decode_paged_workspace_bytes).
+template <typename T, int kD>
+void launch_fa2_decode_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t, cudaStream_t stream);
+
+// The paged decode, validated and dispatched (stages.cu): refuses, with AttnError, what the
+// host can see (shapes, page size, dtype, head dim, pointers) before any launch.
+void run_decode_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t, cudaStream_t stream);
+size_t decode_paged_workspace(const AttnProblem& p);  // validates too
 
 }  // namespace attn::fa2

@@ -189,11 +189,11 @@ Stage decode_stage(const Stage& fa2) {
   s.launch = launch_decode_stage;
   s.workspace_bytes = [](const AttnProblem& p) -> size_t {
     if (!decode_shape_ok(p)) return 0;
-    return fa2::decode_workspace_bytes(p, fa2::decode_split(p, fa2::decode_sm_count()));
+    return fa2::decode_workspace_bytes(p, fa2::decode_split(p, fa2::decode_device()));
   };
   s.model_hbm_bytes = [](const AttnProblem& p) {
     if (!decode_shape_ok(p)) return 0.0;
-    const fa2::DecodeSplit split = fa2::decode_split(p, fa2::decode_sm_count());
+    const fa2::DecodeSplit split = fa2::decode_split(p, fa2::decode_device());
     return hbm::decode_bytes(p, split.splits, split.row_blocks);
   };
   return s;
@@ -319,5 +319,50 @@ std::vector<Stage> fa2_stages() {
     if (s.name == fa2.name) add_backward<fa2::DqMode::atomics>(s);
   return stages;
 }
+
+
+namespace fa2 {
+
+// The checks the host can make of a paged call (the rest, the table's entries and the
+// lengths, the kernel makes): sizes, the capacity as p.Nk, pointers, alignment, workspace.
+static void check_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t) {
+  auto refuse = [](const std::string& why) { throw AttnError("05_fa2_decode (paged): " + why); };
+  if (kv.page_size < kPageSizeMin || kv.page_size > kPageSizeMax)
+    refuse("page_size = " + std::to_string(kv.page_size) + " is not in [" + std::to_string(kPageSizeMin) + ", " +
+           std::to_string(kPageSizeMax) + "]");
+  if (kv.num_pages < 1) refuse("num_pages = " + std::to_string(kv.num_pages) + ": the cache needs a page");
+  if (kv.max_pages < 1) refuse("max_pages = " + std::to_string(kv.max_pages) + ": the block table needs a column");
+  const int64_t capacity = int64_t(kv.max_pages) * kv.page_size;
+  if (capacity > INT_MAX)
+    refuse("max_pages * page_size = " + std::to_string(capacity) + " tokens exceed 2^31 - 1");
+  if (p.Nk != capacity)
+    refuse("Nk = " + std::to_string(p.Nk) + " must be the block table's capacity max_pages * page_size = " +
+           std::to_string(capacity));
+  const std::pair<const char*, const void*> named[] = {{"q", t.q}, {"k_cache", kv.k_cache}, {"v_cache", kv.v_cache},
+                                                       {"o", t.o}, {"block_table", kv.block_table},
+                                                       {"seq_lens", kv.seq_lens}, {"workspace", t.workspace}};
+  for (const auto& [name, ptr] : named) {
+    if (!ptr) refuse(std::string(name) + " is a null pointer");
+    const size_t align = std::string(name) == "block_table" || std::string(name) == "seq_lens" ? 4 : 16;
+    if (reinterpret_cast<uintptr_t>(ptr) % align)
+      refuse(std::string(name) + " is not " + std::to_string(align) + "-byte aligned");
+  }
+  const size_t need = decode_paged_workspace(p);
+  if (t.workspace_bytes < need)
+    refuse("workspace of " + std::to_string(t.workspace_bytes) + " bytes; it needs " + std::to_string(need));
+}
+
+size_t decode_paged_workspace(const AttnProblem& p) {
+  return decode_paged_workspace_bytes(p, decode_split(p, decode_device()));
+}
+
+void run_decode_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t, cudaStream_t stream) {
+  check_paged(p, kv, t);
+  dispatch(p, DecodeDims{}, [&](auto element, auto d) {
+    launch_fa2_decode_paged<decltype(element), decltype(d)::value>(p, kv, t, stream);
+  });
+}
+
+}  // namespace fa2
 
 }  // namespace attn

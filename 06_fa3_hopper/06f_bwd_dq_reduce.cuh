@@ -392,8 +392,10 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     wgmma_wait<0>();  // dV, dK done: Q_i, dO_i (and L_i, D_i, read above) are free
     pin_registers(dV);
     pin_registers(dK);
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbarrier_arrive(&s.empty[stage]);
+    // Every consumer thread arrives: each releases its own reads of L_i and D_i, which the
+    // producer's lanes overwrite with plain stores on the next lap (compute-sanitizer's
+    // racecheck flagged one arrival per warp after __syncwarp).
+    mbarrier_arrive(&s.empty[stage]);
     float dQ[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dQ[i] = 0.f;
@@ -423,7 +425,7 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
     mbarrier_init(&s.kv_full, 1);
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbarrier_init(&s.full[i], 32);                          // the producer warp's lanes (+ TMA bytes)
-      mbarrier_init(&s.empty[i], Cfg::kConsumers * 4);        // one arrival per consumer warp
+      mbarrier_init(&s.empty[i], Cfg::kConsumers * Cfg::kWgThreads);  // every consumer thread
     }
     fence_barrier_init();
   }

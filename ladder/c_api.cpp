@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "05_fa2_reordered/fa2_decode.h"
 #include "common/check.h"
 #include "ladder/registry.h"
 
@@ -245,5 +246,89 @@ extern "C" int attn_run_backward_async(const char* rung, const attn_problem_t* c
     t.workspace = workspace;
     t.workspace_bytes = workspace_bytes;
     attn::run_backward(*s, to_problem(*cp), t, static_cast<cudaStream_t>(stream));
+  }, err, err_len);
+}
+
+namespace {
+
+// The paged problem as the decode stage's AttnProblem (Nk: the block table's capacity).
+attn::AttnProblem paged_problem(const attn_paged_problem_t& c) {
+  if (c.dtype != 0 && c.dtype != 1)
+    throw attn::AttnError("the paged decode takes dtype 0 (bf16) or 1 (fp16), got " + std::to_string(c.dtype));
+  if (c.page_size < 1 || c.max_pages < 1)
+    throw attn::AttnError("page_size = " + std::to_string(c.page_size) + " and max_pages = " +
+                          std::to_string(c.max_pages) + " must be >= 1");
+  const int64_t capacity = int64_t(c.max_pages) * c.page_size;
+  if (capacity > INT32_MAX)
+    throw attn::AttnError("max_pages * page_size = " + std::to_string(capacity) + " tokens exceed 2^31 - 1");
+  attn_problem_t flat{c.B, c.H, c.Hkv, c.Nq, int(capacity), c.d, c.causal, c.dtype, c.scale};
+  return to_problem(flat);
+}
+
+const attn::Stage& decode_stage() { return attn::find_stage("05_fa2_decode"); }
+
+attn::fa2::PagedKV paged_kv(const attn_paged_problem_t& c, const void* k_cache, const void* v_cache,
+                            const int* block_table, const int* seq_lens) {
+  attn::fa2::PagedKV kv;
+  kv.k_cache = k_cache;
+  kv.v_cache = v_cache;
+  kv.block_table = block_table;
+  kv.seq_lens = seq_lens;
+  kv.num_pages = c.num_pages;
+  kv.page_size = c.page_size;
+  kv.max_pages = c.max_pages;
+  return kv;
+}
+
+}  // namespace
+
+extern "C" int attn_decode_paged_workspace_bytes(const attn_paged_problem_t* cp, size_t* bytes, char* err,
+                                                 size_t err_len) {
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    if (!bytes) throw attn::AttnError("bytes is a null pointer");
+    const attn::AttnProblem p = paged_problem(*cp);
+    attn::validate_problem(decode_stage(), p);
+    *bytes = attn::fa2::decode_paged_workspace(p);
+  }, err, err_len);
+}
+
+extern "C" int attn_decode_paged_async(const attn_paged_problem_t* cp, const void* q, const void* k_cache,
+                                       const void* v_cache, const int* block_table, const int* seq_lens, void* o,
+                                       float* lse, void* workspace, size_t workspace_bytes, void* stream, char* err,
+                                       size_t err_len) {
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    const attn::AttnProblem p = paged_problem(*cp);
+    const attn::Stage& s = decode_stage();
+    attn::validate_problem(s, p);
+    attn::validate_device(s);
+    attn::AttnTensors t;
+    t.q = q;
+    t.o = o;
+    t.lse = lse;
+    t.workspace = workspace;
+    t.workspace_bytes = workspace_bytes;
+    attn::fa2::run_decode_paged(p, paged_kv(*cp, k_cache, v_cache, block_table, seq_lens), t,
+                                static_cast<cudaStream_t>(stream));
+  }, err, err_len);
+}
+
+extern "C" int attn_decode_paged_check(const attn_paged_problem_t* cp, const void* workspace, void* stream_ptr,
+                                       int* checked, char* err, size_t err_len) {
+  if (checked) *checked = 0;
+  return guarded([&] {
+    if (!cp) throw attn::AttnError("problem is a null pointer");
+    if (!workspace) throw attn::AttnError("workspace is a null pointer");
+    auto stream = static_cast<cudaStream_t>(stream_ptr);
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) return;  // no synchronization inside a capture
+    attn::fa2::PagedErrorWord word{};
+    CUDA_CHECK(cudaMemcpyAsync(&word, workspace, sizeof(word), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (checked) *checked = 1;
+    const std::string msg = attn::fa2::paged_error_message(word, cp->page_size, cp->max_pages, cp->num_pages);
+    if (!msg.empty()) throw attn::AttnError(msg);
   }, err, err_len);
 }

@@ -117,6 +117,48 @@ int attn_run_backward_async(const char* rung, const attn_problem_t* p, const voi
                             const void* o, const float* lse, const void* dout, void* dq, void* dk, void* dv,
                             void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
+/* Decode from a paged KV cache (the rung 05_fa2_decode's kernels; bf16 or fp16, d 64 or 128,
+   Nq <= 64 query rows per head, GQA, causal bottom-right per sequence):
+     q           [B, H, Nq, d]                      contiguous, 16-byte aligned
+     k_cache     [num_pages, page_size, Hkv, d]     pages of page_size tokens (any page size >= 1;
+     v_cache     [num_pages, page_size, Hkv, d]      16-256 is the usual range)
+     block_table [B, max_pages] int32               sequence b's token n: page block_table[b][n / page_size]
+     seq_lens    [B] int32                          sequence b's length, 0 <= seq_lens[b] <= max_pages * page_size
+     o           [B, H, Nq, d], lse [B, H, Nq] fp32 (or NULL)
+   block_table and seq_lens are read on the device only (a captured graph replays with new
+   ones); the grid is sized for max_pages * page_size keys. A bad length or a page index
+   outside [0, num_pages) among the pages a sequence's length uses is never dereferenced: the
+   kernel sets that sequence's outputs to NaN and records the fault in the workspace's head;
+   attn_decode_paged_check reports it. A query row that sees no key (seq_lens[b] = 0, or
+   causal with seq_lens[b] < Nq) gets O = 0 and lse = -inf. */
+typedef struct {
+  int B, H, Hkv, Nq, d;
+  int num_pages, page_size, max_pages;
+  int causal;  /* 0 or 1; query row i of sequence b sees key j iff j <= i + seq_lens[b] - Nq */
+  int dtype;   /* 0 bf16, 1 fp16 */
+  float scale; /* 0 = 1/sqrt(d) */
+} attn_paged_problem_t;
+
+/* The workspace attn_decode_paged_async needs (never 0: the error word's 256 bytes at least);
+   it depends on the current device: ask on the device it will run on. */
+int attn_decode_paged_workspace_bytes(const attn_paged_problem_t* p, size_t* bytes, char* err, size_t err_len);
+
+/* Validates what the host sees (sizes, page size, pointers, alignment, workspace), zeroes the
+   error word and enqueues the split and combine kernels on `stream`. Never allocates, never
+   synchronizes: a CUDA graph captures it. */
+int attn_decode_paged_async(const attn_paged_problem_t* p, const void* q, const void* k_cache, const void* v_cache,
+                            const int* block_table, const int* seq_lens, void* o, float* lse, void* workspace,
+                            size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
+/* After attn_decode_paged_async (or a replay of a graph holding it) on `stream`: waits for the
+   stream and reads the error word in `workspace`. ATTN_OK, or ATTN_INVALID_INPUT with the first
+   bad length or page index found ("seq_lens[3] = -5 is negative", "block_table[2][7] = 500 is
+   not a page index in [0, 500)", ...); *checked = 1 (checked may be NULL). While `stream` is
+   being captured it reads nothing (a synchronization would break the capture): ATTN_OK with
+   *checked = 0; check after replaying the graph. */
+int attn_decode_paged_check(const attn_paged_problem_t* p, const void* workspace, void* stream, int* checked,
+                            char* err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif

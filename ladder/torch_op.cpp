@@ -1,5 +1,5 @@
-// The PyTorch operators attn_ladder::attention, attention_backward and attention_e4m3,
-// registered from C++ (libattn_ladder_torch.so, built when CMake finds torch; loaded by
+// The PyTorch operators attn_ladder::attention, attention_backward, attention_e4m3 and
+// decode_paged, registered from C++ (libattn_ladder_torch.so, built when CMake finds torch; loaded by
 // python/attn_ladder/ops.py with torch.ops.load_library).
 //
 // Why C++: a call then crosses from Python into C++ once (the dispatcher), and everything
@@ -292,6 +292,75 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
   return {dq, dk, dv};
 }
 
+// ---- decode from a paged KV cache (python/attn_ladder/_capi.py's decode_paged, same checks) ----
+
+void check_paged_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+                        const Tensor& seq_lens) {
+  TORCH_CHECK_VALUE(q.dim() == 4, "q must be 4-D [B, H, Nq, d], got shape ", shape_str(q.sizes()));
+  const std::pair<const char*, const Tensor*> caches[] = {{"k_cache", &k_cache}, {"v_cache", &v_cache}};
+  for (const auto& [name, t] : caches)
+    TORCH_CHECK_VALUE(t->dim() == 4, name, " must be 4-D [num_pages, page_size, Hkv, d], got shape ",
+                      shape_str(t->sizes()));
+  const std::pair<const char*, const Tensor*> all[] = {{"q", &q}, {"k_cache", &k_cache}, {"v_cache", &v_cache},
+                                                       {"block_table", &block_table}, {"seq_lens", &seq_lens}};
+  for (const auto& [name, t] : all) {
+    TORCH_CHECK_VALUE(t->is_cuda(), name, " must be on a CUDA device, got ", t->device());
+    TORCH_CHECK_VALUE(t->device() == q.device(), name, " must be on ", q.device(), ", got ", t->device());
+    TORCH_CHECK_VALUE(t->is_contiguous(), name, " must be contiguous (call .contiguous())");
+    for (int64_t n : t->sizes())
+      TORCH_CHECK_VALUE(n <= std::numeric_limits<int>::max(), name, " has a dimension above 2^31 - 1: ",
+                        shape_str(t->sizes()));
+  }
+  const at::ScalarType s = q.scalar_type();
+  TORCH_CHECK_VALUE(s == at::kBFloat16 || s == at::kHalf, "q must be bfloat16 or float16, got ", dtype_name(s));
+  TORCH_CHECK_VALUE(k_cache.scalar_type() == s && v_cache.scalar_type() == s, "q, k_cache, v_cache must share one dtype, got ",
+                    dtype_name(s), ", ", dtype_name(k_cache.scalar_type()), ", ", dtype_name(v_cache.scalar_type()));
+  TORCH_CHECK_VALUE(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have the same shape, got ",
+                    shape_str(k_cache.sizes()), " and ", shape_str(v_cache.sizes()));
+  TORCH_CHECK_VALUE(k_cache.size(3) == q.size(3), "head dims differ: q has d=", q.size(3), ", the caches have d=",
+                    k_cache.size(3));
+  TORCH_CHECK_VALUE(k_cache.size(2) >= 1 && q.size(1) % k_cache.size(2) == 0, "the caches' heads (Hkv=",
+                    k_cache.size(2), ") must divide q heads (H=", q.size(1), ")");
+  TORCH_CHECK_VALUE(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == q.size(0),
+                    "block_table must be an int32 tensor [B, max_pages] with B=", q.size(0), ", got ",
+                    dtype_name(block_table.scalar_type()), " ", shape_str(block_table.sizes()));
+  TORCH_CHECK_VALUE(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 && seq_lens.size(0) == q.size(0),
+                    "seq_lens must be an int32 tensor [B] with B=", q.size(0), ", got ",
+                    dtype_name(seq_lens.scalar_type()), " ", shape_str(seq_lens.sizes()));
+}
+
+// o, lse of one decode step. A bad block table or length is refused with ValueError after the
+// kernel ran (it never reads outside the cache; the outputs of that sequence are NaN), except
+// while the stream is being captured: then nothing synchronizes, and the graph's caller checks
+// (attn_decode_paged_check) after a replay, or trusts its tables.
+std::tuple<Tensor, Tensor> decode_paged(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                        const Tensor& block_table, const Tensor& seq_lens, bool causal, double scale) {
+  check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens);
+  check_scale(scale);
+  const std::string name = "05_fa2_decode (paged)";
+  const attn_paged_problem_t p{int(q.size(0)), int(q.size(1)), int(k_cache.size(2)), int(q.size(2)), int(q.size(3)),
+                               int(k_cache.size(0)), int(k_cache.size(1)), int(block_table.size(1)), causal ? 1 : 0,
+                               q.scalar_type() == at::kBFloat16 ? 0 : 1, static_cast<float>(scale)};
+  c10::DeviceGuard guard(q.device());
+  char err[kErrLen] = "";
+  size_t need = 0;
+  int rc = attn_decode_paged_workspace_bytes(&p, &need, err, kErrLen);
+  if (rc != ATTN_OK) fail(rc, name, err);
+  Tensor o = at::empty_like(q);
+  Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  const Tensor ws = workspace(need, q);
+  void* stream = stream_of(q);
+  rc = attn_decode_paged_async(&p, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr<int>(),
+                               seq_lens.data_ptr<int>(), o.data_ptr(), lse.data_ptr<float>(), ptr(ws), need, stream,
+                               err, kErrLen);
+  if (rc != ATTN_OK) fail(rc, name, err);
+  int checked = 0;
+  rc = attn_decode_paged_check(&p, ptr(ws), stream, &checked, err, kErrLen);
+  TORCH_CHECK_VALUE(rc != ATTN_INVALID_INPUT, "attn_ladder.decode_paged: ", err);
+  if (rc != ATTN_OK) fail(rc, name, err);
+  return {o, lse};
+}
+
 // ---- autograd ----
 
 const c10::TypedOperatorHandle<decltype(attention)>& attention_op() {
@@ -382,6 +451,9 @@ TORCH_LIBRARY(attn_ladder, m) {
   m.def(
       "attention_e4m3(Tensor q, Tensor k, Tensor v, Tensor q_descale, Tensor k_descale, Tensor v_descale, str rung, "
       "bool causal, float scale) -> (Tensor, Tensor)");
+  m.def(
+      "decode_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, bool causal, "
+      "float scale) -> (Tensor, Tensor)");
 }
 
 // Every device: tensors off CUDA reach the checks, which raise ValueError (a CUDA-only
@@ -389,6 +461,7 @@ TORCH_LIBRARY(attn_ladder, m) {
 TORCH_LIBRARY_IMPL(attn_ladder, CompositeExplicitAutograd, m) {
   m.impl("attention", &attention);
   m.impl("attention_e4m3", &attention_e4m3);
+  m.impl("decode_paged", &decode_paged);
 }
 
 TORCH_LIBRARY_IMPL(attn_ladder, CUDA, m) { m.impl("attention_backward", &attention_backward); }
@@ -397,4 +470,5 @@ TORCH_LIBRARY_IMPL(attn_ladder, Autograd, m) {
   m.impl("attention", &attention_autograd);
   m.impl("attention_e4m3", &attention_e4m3_autograd);
   m.impl("attention_backward", torch::autograd::autogradNotImplementedFallback());  // no double backward
+  m.impl("decode_paged", torch::autograd::autogradNotImplementedFallback());  // forward only (inference)
 }

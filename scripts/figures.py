@@ -867,7 +867,36 @@ def fig_06d2(path):
     save(fig, path)
 
 
-def decode_split(B, Hkv, group, Nq, Nk, sms):
+# Device models for the decode figures: what cudaDeviceGetAttribute gives on an H100 SXM and
+# an H200 (SMs; memory clock x bus width), as tests/test_cpu.cpp's h100_like / h200_like.
+DECODE_DEVICES = {"H100-like (3.35 TB/s)": (132, 2 * 2619e6 * 5120 / 8),
+                  "H200-like (4.92 TB/s)": (132, 2 * 3201e6 * 6144 / 8)}
+SMEM_PER_SM, SMEM_RESERVED = 233472, 1024  # cudaDevAttrMaxSharedMemoryPerMultiprocessor, ...PerBlock (sm_90)
+
+
+def decode_pipeline(sms, bandwidth, d=128, narrow=True):
+    """fa2_decode.h's decode_pipeline on the constants parsed from it: (stages, CTAs per SM,
+    bytes in flight per SM the model asks for)."""
+    src = "05_fa2_reordered/fa2_decode.h"
+    (latency_ns,) = parse(src, r"kDecodeLoadedLatencyNs = ([\d.]+);", float)
+    (bc,) = parse(src, r"kDecodeBc = (\d+);")
+    (s_lo, s_hi) = parse(src, r"kDecodeNarrowStages\[\] = \{(\d+), (\d+)\};")
+    (wide_stages,) = parse(src, r"kDecodeWideStages = (\d+);")
+    need = bandwidth * latency_ns * 1e-9 / sms
+    block = 2 * bc * d * 2
+    rows = 16 if narrow else 64
+    most, pick = -1, None
+    for s in ((s_lo, s_hi) if narrow else (wide_stages,)):
+        smem = 2 * d * (rows + 2 * s * bc) + 128
+        for c in range(1, SMEM_PER_SM // (smem + SMEM_RESERVED) + 1):
+            if c * (s - 1) * block >= need:
+                return s, c, need
+            if c * (s - 1) * block > most:
+                most, pick = c * (s - 1) * block, (s, c)
+    return pick[0], pick[1], need
+
+
+def decode_split(B, Hkv, group, Nq, Nk, sms, ctas_per_sm=1):
     """fa2_decode.h's decode_split, on the constants parsed from it: (splits, keys per split, CTAs)."""
     src = "05_fa2_reordered/fa2_decode.h"
     (bc,) = parse(src, r"kDecodeBc = (\d+);")
@@ -878,15 +907,49 @@ def decode_split(B, Hkv, group, Nq, Nk, sms):
     rows = group * Nq
     row_blocks = -(-rows // (narrow if rows <= narrow else 64))
     base = B * Hkv * row_blocks
-    most = max(1, min(Nk // min_keys, -(-(max_waves * sms) // base)))
+    slots = sms * ctas_per_sm  # a wave
+    most = max(1, min(Nk // min_keys, -(-(max_waves * slots) // base)))
     keys_for = lambda n: -(-(-(-Nk // n)) // bc) * bc  # noqa: E731
-    eff = lambda sp: (base * sp / sms) / np.ceil(base * sp / sms)  # noqa: E731
+    eff = lambda sp: (base * sp / slots) / np.ceil(base * sp / slots)  # noqa: E731
     best = max(eff(-(-Nk // keys_for(n))) for n in range(1, most + 1))
     for n in range(1, most + 1):
         sp = -(-Nk // keys_for(n))
         if eff(sp) >= fill * best:
             return sp, keys_for(n), base * sp
     raise RuntimeError("decode_split found no split")
+
+
+@figure("05_fa2_reordered/figures/decode_littles_law.png")
+def fig_decode_littles_law(path):
+    """Bandwidth a GPU can reach with F bytes in flight per SM (Little's law: F x SMs / latency,
+    capped by the HBM), for both device models, and what the decode tiles keep in flight."""
+    (latency_ns,) = parse("05_fa2_reordered/fa2_decode.h", r"kDecodeLoadedLatencyNs = ([\d.]+);", float)
+    fig, ax = plt.subplots(figsize=(9.5, 4.6))
+    F = np.linspace(1, 200, 400) * 1e3
+    colors = (C_GEMM, C_SOFT)
+    for (name, (sms, bw)), color in zip(DECODE_DEVICES.items(), colors):
+        ax.plot(F / 1e3, np.minimum(bw, F * sms / (latency_ns * 1e-9)) / 1e12, color=color, lw=2, label=name)
+        s, c, need = decode_pipeline(sms, bw)
+        ax.axvline(need / 1e3, color=color, ls=":", lw=1)
+        ax.text(need / 1e3 + 1.5, 1.6 if color == C_GEMM else 2.4,
+                f"needs {need / 1e3:.0f} kB/SM:\n{c} CTA{'s' if c > 1 else ''} x {s - 1} blocks", fontsize=8,
+                color=color)
+    block = 2 * 64 * 128 * 2 / 1e3
+    for c, label in ((1, "1 CTA, 3-stage ring"), (2, "2 CTAs, 3-stage ring")):
+        x = c * 2 * block
+        ax.plot([x], [0.1], marker="v", color="black")
+        ax.text(x, 0.18, f"{label}\n{x:.0f} kB", ha="center", fontsize=8)
+    ax.set_xlabel("bytes in flight per SM (kB)")
+    ax.set_ylabel("reachable read bandwidth (TB/s)")
+    ax.set_ylim(0, 5.4)
+    ax.set_xlim(0, 200)
+    ax.set_title(f"Little's law: bandwidth = bytes in flight / latency (model latency {latency_ns:.0f} ns, 132 SMs);"
+                 "\nthe decode tiles keep (stages - 1) K + V blocks of 32 kB (d = 128) in flight per CTA",
+                 fontsize=9.5)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save(fig, path)
 
 
 @figure("05_fa2_reordered/figures/decode_splits.png")
@@ -899,7 +962,7 @@ def fig_decode(path):
     blank(ax, (0, 20), (-2.2, 7.4))
     ax.set_aspect("auto")
     ax.set_title(f"B = 1, H = 32 over Hkv = 8, Nq = 1, Nk = 16k: {sp} splits of {keys} keys\n"
-                 f"per KV head → {ctas} CTAs on {sms} SMs (one wave)", fontsize=9.5)
+                 f"per KV head → {ctas} CTAs on {sms} SMs (one wave, H100-like: one CTA per SM)", fontsize=9.5)
     ax.text(0.2, 6.5, f"per KV head: its {group} query heads packed as {group} rows of one tile (GQA)", fontsize=8.5)
     xs = [0.2, 4.9, 9.6, 15.3]
     labels = [(f"keys 0–{keys - 1}", "CTA 0"), (f"keys {keys}–{2 * keys - 1}", "CTA 1"), ("…", "…"),
@@ -917,23 +980,20 @@ def fig_decode(path):
         color="#dff0d8", fs=8.5)
     ax = axes[1]
     nks = [1024, 2048, 4096, 16384, 131072]
-    for B, color in ((1, C_GEMM), (8, C_SOFT), (32, C_LOAD)):
-        got = [decode_split(B, Hkv, group, 1, nk, sms) for nk in nks]
-        ax.plot(range(len(nks)), [g[2] for g in got], "o-", color=color, label=f"B = {B}: B·Hkv = {B * Hkv} CTAs unsplit")
-        for x, g in enumerate(got):
-            below = B == 1  # B = 1 and 8 meet at 128 CTAs: one label beside the point, one over it
-            ax.text(x + (0.12 if below else 0), g[2] * (0.86 if below else 1.1), f"×{g[0]}",
-                    ha="left" if below else "center", fontsize=7.5, color=color)
-    ax.axhline(sms, color=C_HBM, ls="--", lw=1)
-    ax.text(len(nks) - 1, sms * 0.8, f"{sms} SMs: one wave", ha="right", fontsize=8, color=C_HBM)
+    for (name, (n_sms, bw)), ls, marker in zip(DECODE_DEVICES.items(), ("-", "--"), ("o", "s")):
+        _, per_sm, _ = decode_pipeline(n_sms, bw)
+        for B, color in ((1, C_GEMM), (8, C_SOFT), (32, C_LOAD)):
+            got = [decode_split(B, Hkv, group, 1, nk, n_sms, per_sm) for nk in nks]
+            ax.plot(range(len(nks)), [g[0] for g in got], marker + ls, color=color, ms=5,
+                    label=f"B = {B}, {name.split(' ')[0]}: {per_sm} CTA{'s' if per_sm > 1 else ''}/SM")
     ax.set_yscale("log", base=2)
     ax.set_xticks(range(len(nks)))
     ax.set_xticklabels([f"{n // 1024}k" for n in nks])
     ax.set_xlabel("Nk (keys in the cache)")
-    ax.set_ylabel("CTAs of the split kernel")
-    ax.set_title("decode_split (fa2_decode.h): ×splits per (batch, KV head);\nat least 256 keys a split, "
-                 "the fewest splits whose last wave is nearly full", fontsize=9.5, pad=14)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_ylabel("splits per (batch, KV head)")
+    ax.set_title("decode_split (fa2_decode.h) on two device models: a wave is CTAs/SM x SMs;"
+                 "\nat least 256 keys a split, the fewest splits whose last wave is nearly full", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     save(fig, path)

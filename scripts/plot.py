@@ -20,9 +20,17 @@ and with --fp8 CSV (the FP8 run of scripts/reproduce.sh, fp8_speed.csv), from th
                          the 1.5x goal of FP8 at d >= 128
 with --backward CSV... (attn_bench and peers.py --backward), from them alone:
   backward_tflops_vs_n.png  TFLOPS vs N of the backward passes and their peers
-and with --decode CSV... (the decode sweep: attn_bench and peers.py --decode-sweep):
+and with --decode CSV... (the decode sweep: attn_bench and peers.py --decode-sweep, or
+scripts/decode_bench.py's contiguous and paged rows with their peers in CUDA graphs):
   decode_vs_nk.png       time vs Nk of one decode step, one panel per (Nq, B), every rung and
                          peer, and the time K and V take at the measured copy bandwidth
+and with --inflight CSV (build/bench/inflight_bw), from it alone:
+  inflight_bw.png        read bandwidth vs bytes in flight per SM, one line per CTAs per SM,
+                         with the device copy's read rate and the decode model's bytes in flight
+and with --decode-paged CSV (scripts/decode_bench.py), from it alone:
+  decode_paged_vs_nk.png as decode_vs_nk.png, for the contiguous and paged rows and their peers
+The bench CSVs (positional) may be left out when only --decode, --decode-paged, --backward or
+--inflight is given.
 With --readme FILE, rewrites the text between <!-- results:begin --> and
 <!-- results:end --> with a TFLOPS table (rung x N, d = 128, non-causal) and links to
 the images, relative to the README. Missing data skips that series; it never crashes.
@@ -518,7 +526,7 @@ def rewrite_readme(readme, body):
     print(f"plot.py: rewrote the results block of {readme}")
 
 
-def plot_decode(rows, palette, out_dir):
+def plot_decode(rows, palette, out_dir, name="decode_vs_nk.png"):
     """Time vs Nk per (Nq, B) of the decode sweep, with K + V at copy bandwidth as the floor."""
     chosen = [r for r in rows if r["time_ms_median"] is not None and r["Nq"] < r["Nk"]]
     nqs = sorted({r["Nq"] for r in chosen}) or [1]
@@ -560,12 +568,45 @@ def plot_decode(rows, palette, out_dir):
     h = chosen[0] if chosen else None
     shape = f"H = {h['H']} over Hkv = {h['Hkv']}, d = {h['d']}, {h['dtype']}" if h else ""
     title(fig, f"One decode step against a KV cache of Nk keys ({shape})", chosen or rows)
-    return save(fig, out_dir, "decode_vs_nk.png")
+    return save(fig, out_dir, name)
+
+
+def plot_inflight(path, out_dir):
+    """Read bandwidth vs bytes in flight per SM (bench/inflight_bw.cu), one line per CTAs per SM."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    stream = [r for r in rows if r.get("kind") == "stream"]
+    copy = [float(r["read_gbps"]) for r in rows if r.get("kind") == "copy"]
+    fig, axes = new_figure()
+    ax = axes[0][0]
+    if not stream:
+        no_data(ax, "inflight_bw rows")
+    for c in sorted({int(r["ctas_per_sm"]) for r in stream}):
+        pts = sorted((float(r["bytes_in_flight_per_sm"]) / 1e3, float(r["read_gbps"]))
+                     for r in stream if int(r["ctas_per_sm"]) == c)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=f"{c} CTA{'s' if c > 1 else ''} per SM")
+    if copy:
+        ax.axhline(copy[0], color="gray", ls=":", label=f"device copy, read + written ({copy[0]:.0f} GB/s)")
+        ax.axhline(0.9 * copy[0], color="gray", ls="--", lw=0.8, label="90 % of it")
+    if stream:
+        model = float(stream[0]["model_bytes_in_flight_per_sm"]) / 1e3
+        ax.axvline(model, color="black", ls="-.", lw=1,
+                   label=f"model: bandwidth x latency / SMs = {model:.0f} kB")
+    ax.set_xscale("log", base=2)
+    xs = [float(r["bytes_in_flight_per_sm"]) / 1e3 for r in stream]
+    ticks = [2**i for i in range(2, 11) if xs and min(xs) / 2 <= 2**i <= max(xs) * 2]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel("bytes in flight per SM (kB): CTAs per SM x (stages - 1) x 8 kB")
+    ax.set_ylabel("read bandwidth (GB/s)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.suptitle(f"Little's law on the GPU at hand: a cp.async ring's read rate\n{stream[0]['gpu'] if stream else ''}")
+    return save(fig, out_dir, "inflight_bw.png")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("csv", nargs="+", type=pathlib.Path, help="bench and/or peers CSV files")
+    p.add_argument("csv", nargs="*", type=pathlib.Path, help="bench and/or peers CSV files")
     p.add_argument("--out", type=pathlib.Path, help="folder for the PNGs (default: the first CSV's folder)")
     p.add_argument("--dtype", default="bf16", help="rows of this dtype (default bf16)")
     p.add_argument("--readme", type=pathlib.Path, help="rewrite this file's results block")
@@ -573,13 +614,19 @@ def main(argv=None):
     p.add_argument("--decode", type=pathlib.Path, nargs="+", help="the decode sweep's CSVs: decode_vs_nk.png from them alone")
     p.add_argument("--backward", type=pathlib.Path, nargs="+",
                    help="the backward sweep's CSVs (attn_bench/peers.py --backward): backward_tflops_vs_n.png from them alone")
+    p.add_argument("--decode-paged", type=pathlib.Path, nargs="+",
+                   help="scripts/decode_bench.py's CSVs (contiguous and paged in CUDA graphs): decode_paged_vs_nk.png")
+    p.add_argument("--inflight", type=pathlib.Path, help="build/bench/inflight_bw's CSV: inflight_bw.png from it alone")
     args = p.parse_args(argv)
-    missing = [str(c) for c in [*args.csv, *([args.fp8] if args.fp8 else []), *(args.decode or []), *(args.backward or [])]
-               if not c.is_file()]
+    if not (args.csv or args.decode or args.backward or args.inflight or args.decode_paged):
+        p.error("give bench/peers CSVs, or --decode, --decode-paged, --backward or --inflight")
+    extra = [*([args.fp8] if args.fp8 else []), *(args.decode or []), *(args.backward or []), *(args.decode_paged or []),
+             *([args.inflight] if args.inflight else [])]
+    missing = [str(c) for c in [*args.csv, *extra] if not c.is_file()]
     if missing:
         sys.exit(f"plot.py: no such CSV: {', '.join(missing)}")
-    rows = load(args.csv)
-    out_dir = args.out or args.csv[0].parent
+    rows = load(args.csv) if args.csv else []
+    out_dir = args.out or (args.csv or extra)[0].parent
     out_dir.mkdir(parents=True, exist_ok=True)
     plt.rcParams.update(STYLE)
     fp8_rows = load([args.fp8]) if args.fp8 else []
@@ -590,7 +637,7 @@ def main(argv=None):
         plot_ladder_bars(rows, args.dtype, palette, out_dir),
         plot_hbm_bytes(rows, args.dtype, palette, out_dir),
         plot_roofline(rows, args.dtype, palette, out_dir),
-    ]
+    ] if args.csv else []
     if args.fp8:  # linked from 06_fa3_hopper/README.md, not from the results block
         plot_fp8_vs_bf16(fp8_rows, palette, out_dir)
     if args.backward:  # linked from 04's and 05's READMEs
@@ -600,7 +647,12 @@ def main(argv=None):
     if args.decode:  # linked from 05_fa2_reordered/decode.md
         decode_rows = load(args.decode)
         plot_decode(decode_rows, Palette(rung_order(decode_rows)), out_dir)
-    if args.readme:
+    if args.decode_paged:  # scripts/decode_bench.py: contiguous and paged, CUDA graphs
+        paged_rows = load(args.decode_paged)
+        plot_decode(paged_rows, Palette(rung_order(paged_rows)), out_dir, "decode_paged_vs_nk.png")
+    if args.inflight:  # linked from 05_fa2_reordered/decode.md
+        plot_inflight(args.inflight, out_dir)
+    if args.readme and args.csv:
         rewrite_readme(args.readme, results_markdown(rows, args.dtype, palette, images, args.readme))
     return 0
 

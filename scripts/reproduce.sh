@@ -92,11 +92,11 @@ plan() { steps+=("$1"); est+=("$2"); }
 [[ $run_tests -eq 1 ]] && plan "tests: CPU, GPU and Python; sanitizers; the compute_80 build's GPU tests" 1200
 plan "bench: every rung on the sweep" $((rows_bench * row / 2 + 10))
 plan "fp8: the FP8 rungs and the accuracy table" $((rows_fp8 * row / 2 + ${#fp8_accuracy[@]} * 40 + 10))
-plan "decode: flash-decoding on the decode sweep" $((rows_decode / 2 + 5))
+plan "decode: flash-decoding on the decode sweep; bandwidth vs bytes in flight" $((rows_decode / 2 + 10))
 plan "backward: 04, 05 and its ablations" $((rows_bwd * (${#bwd_check[@]} + 1) + 5))
 plan "tile timeline: where a persistent CTA's time goes" $(((${#timeline_n[@]} + ${#timeline_fp8_n[@]}) * 3))
 plan "peers: PyTorch SDPA on the same sweep, decode and backward" \
-  $((rows_peers * row / 2 + rows_decode_peers / 2 + rows_bwd_peers * 2 + 30))
+  $((rows_peers * row / 2 + rows_decode_peers / 2 + rows_bwd_peers * 2 + 90))
 plan "vs_cudnn: 06d and cuDNN in turns" $((rows_vs + 10))
 plan "training: a 2-layer LM, 05 against SDPA" $((train_steps / 5 + 15))
 plan "plots and the lessons' tables" 25
@@ -176,6 +176,7 @@ build/bench/fp8_accuracy "${fp8_accuracy[@]}" --csv "$out_dir/fp8_accuracy.csv" 
 step "05_fa2_decode, 05, 06d: B 1, 8, 32; Nq ${decode_nq[1]:-1, 4}; Nk 4k-128k; GQA 32/8"
 build/bench/attn_bench --decode-sweep "${decode_nq[@]}" "${timing[@]}" --rungs 05_fa2_decode,05_fa2_reordered,06d_fa3 --csv "$out_dir/decode.csv" \
   > "$out_dir/decode.log" 2>&1 || log "decode: some rows FAILED (see decode.log)"
+build/bench/inflight_bw --csv "$out_dir/inflight.csv" >> "$out_dir/decode.log" 2>&1 || log "inflight_bw FAILED (see decode.log)"
 step "the paper sweep ${bwd_shape[*]}, FLOPs 2.5x the forward's"
 build/bench/attn_bench --backward --paper-sweep "${bwd_shape[@]}" "${timing[@]}" "${bwd_check[@]}" \
   --rungs 04_fa1_tiled,05_fa2_reordered,05_fa2_dq_pass,05_fa2_bwd_warps_own_keys \
@@ -195,6 +196,10 @@ if python3 -c 'import torch' 2>/dev/null; then
   for f in decode_peers backward_peers; do [[ -f $out_dir/$f.csv ]] && mv "$out_dir/$f.csv" "$out_dir/$f.csv.prev"; done
   python3 scripts/peers.py --decode-sweep "${decode_nq[@]}" "${peer_timing[@]}" --backends flash,cudnn \
     --csv "$out_dir/decode_peers.csv" >> "$out_dir/peers.log" 2>&1
+  # 05_fa2_decode contiguous and paged (pages of 64 and 256) against cuDNN and flash, in CUDA graphs
+  [[ -f $out_dir/decode_paged.csv ]] && mv "$out_dir/decode_paged.csv" "$out_dir/decode_paged.csv.prev"
+  ATTN_LADDER_LIB=build/libattn_ladder.so python3 scripts/decode_bench.py "${decode_nq[@]/--n/--nq}" \
+    --csv "$out_dir/decode_paged.csv" >> "$out_dir/peers.log" 2>&1 || log "decode_bench FAILED (see peers.log)"
   python3 scripts/peers.py --backward --paper-sweep "${bwd_shape[@]}" "${peer_timing[@]}" --backends flash,cudnn \
     --csv "$out_dir/backward_peers.csv" >> "$out_dir/peers.log" 2>&1
   step "${vs_cudnn[*]}, vs_cudnn.csv"
@@ -213,6 +218,8 @@ extra=()  # fp8_vs_bf16.png, decode_vs_nk.png, backward_tflops_vs_n.png: each fr
 [[ -s $out_dir/fp8_speed.csv ]] && extra=(--fp8 "$out_dir/fp8_speed.csv")
 [[ -s $out_dir/decode.csv ]] && extra+=(--decode "$out_dir/decode.csv" $(ls "$out_dir"/decode_peers.csv 2>/dev/null))
 [[ -s $out_dir/backward.csv ]] && extra+=(--backward "$out_dir/backward.csv" $(ls "$out_dir"/backward_peers.csv 2>/dev/null))
+[[ -s $out_dir/decode_paged.csv ]] && extra+=(--decode-paged "$out_dir/decode_paged.csv")
+[[ -s $out_dir/inflight.csv ]] && extra+=(--inflight "$out_dir/inflight.csv")
 if python3 -c 'import matplotlib' 2>/dev/null; then
   python3 scripts/plot.py "${csvs[@]}" "${extra[@]}" --out "$out_dir"
 else

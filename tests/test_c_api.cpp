@@ -147,5 +147,37 @@ TEST(CApi, BackwardInfoAndWorkspaceAreTheStagesAndForwardOnlyRungsSaySo) {
   EXPECT_EQ(attn_backward_info("no_such_rung", nullptr, nullptr, err, sizeof err), ATTN_UNKNOWN_RUNG);
 }
 
+// The paged decode's workspace query validates what the host sees, without a GPU.
+TEST(CApi, PagedDecodeWorkspaceAndRefusals) {
+  char err[512] = {0};
+  size_t bytes = 0;
+  const attn_paged_problem_t good{2, 8, 2, 4, 128, 10, 64, 5, 1, 0, 0.f};
+  ASSERT_EQ(attn_decode_paged_workspace_bytes(&good, &bytes, err, sizeof err), ATTN_OK) << err;
+  EXPECT_GE(bytes, 256u);  // the error word's header at least
+  struct Bad {
+    attn_paged_problem_t c;
+    const char* words;
+  };
+  auto with = [&](auto edit) {
+    attn_paged_problem_t c = good;
+    edit(c);
+    return c;
+  };
+  const Bad cases[] = {
+      {with([](auto& c) { c.dtype = 2; }), "bf16"},
+      {with([](auto& c) { c.page_size = 0; }), "page_size = 0"},
+      {with([](auto& c) { c.max_pages = 0; }), "max_pages = 0"},
+      {with([](auto& c) { c.Nq = 65; }), "at most 64"},
+      {with([](auto& c) { c.Hkv = 3; }), "Hkv"},
+      {with([](auto& c) { c.max_pages = 1 << 20, c.page_size = 4096; }), "2^31 - 1"},
+  };
+  for (const Bad& b : cases) {
+    err[0] = 0;
+    EXPECT_EQ(attn_decode_paged_workspace_bytes(&b.c, &bytes, err, sizeof err), ATTN_INVALID_INPUT) << b.words;
+    EXPECT_NE(std::string(err).find(b.words), std::string::npos) << err;
+  }
+  EXPECT_EQ(attn_decode_paged_workspace_bytes(nullptr, &bytes, err, sizeof err), ATTN_INVALID_INPUT);
+}
+
 }  // namespace
 }  // namespace attn

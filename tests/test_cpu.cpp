@@ -241,60 +241,154 @@ TEST(HbmModel, DecodeReadsKvOncePerKvHead) {
   EXPECT_EQ(hbm::decode_bytes(p, 1, 1), 2.0 * 2 * rows * 64 + kv + 4 * rows);
 }
 
+// Device models of the two Hopper parts the decode stage is measured on: what
+// cudaDeviceGetAttribute gives (SMs, shared memory; bandwidth = 2 x memory clock x bus width
+// / 8), nothing keyed by name.
+attn::fa2::DecodeDevice h100_like() {
+  attn::fa2::DecodeDevice dev;
+  dev.sm_count = 132;
+  dev.bandwidth = 2.0 * 2619e6 * 5120 / 8;  // HBM3: 2619 MHz, 5120-bit bus: 3.35 TB/s
+  dev.smem_per_sm = 233472;
+  dev.smem_per_block = 232448;
+  dev.smem_reserved_per_block = 1024;
+  dev.latency_s = attn::fa2::kDecodeLoadedLatencyNs * 1e-9;
+  return dev;
+}
+attn::fa2::DecodeDevice h200_like() {
+  attn::fa2::DecodeDevice dev = h100_like();
+  dev.bandwidth = 2.0 * 3201e6 * 6144 / 8;  // HBM3e: 3201 MHz, 6144-bit bus: 4.92 TB/s
+  return dev;
+}
+
+TEST(Fa2Decode, LittlesLawSetsBytesInFlightAndCtasPerSm) {
+  using namespace attn::fa2;
+  const DecodeDevice h100 = h100_like(), h200 = h200_like();
+  // bandwidth x latency / SMs: 3.35e12 B/s x 2 us / 132 = 50.8 kB; 4.92e12 x 2 us / 132 = 74.5 kB.
+  EXPECT_NEAR(h100.bytes_in_flight_per_sm(), 3.35232e12 * 2e-6 / 132, 1.0);
+  EXPECT_NEAR(h200.bytes_in_flight_per_sm(), 4.916736e12 * 2e-6 / 132, 1.0);
+  // The narrow tile at d = 128 keeps (stages - 1) x 32 kB (K_j + V_j: 2 x 64 x 128 x 2 B) ahead.
+  // H100: one CTA with a 3-stage ring (64 kB) is enough. H200: 64 kB is not; two CTAs per SM
+  // (two fit: 2 x (102.5 + 1) kB of 228) keep 128 kB.
+  int stages = 0, ctas = 0;
+  decode_pipeline(h100, 128, true, stages, ctas);
+  EXPECT_EQ(stages, 3);
+  EXPECT_EQ(ctas, 1);
+  decode_pipeline(h200, 128, true, stages, ctas);
+  EXPECT_EQ(stages, 3);
+  EXPECT_EQ(ctas, 2);
+  EXPECT_EQ(h200.ctas_per_sm(decode_smem_bytes(128, 16, 3)), 2);
+  EXPECT_EQ(h200.ctas_per_sm(decode_smem_bytes(128, 16, 4)), 1);
+  // Where one 3-stage CTA fills an SM's shared memory (an sm_80-like 164 kB) and 64 kB is too
+  // little, the ring deepens: 4 stages keep 96 kB.
+  DecodeDevice small_smem = h200;
+  small_smem.smem_per_sm = 167936;
+  small_smem.smem_per_block = 166912;
+  decode_pipeline(small_smem, 128, true, stages, ctas);
+  EXPECT_EQ(stages, 4);
+  EXPECT_EQ(ctas, 1);
+  // Nothing reaches it (a latency of 10 us): the most bytes that fit, 2 CTAs x 2 blocks.
+  DecodeDevice slow = h200;
+  slow.latency_s = 10e-6;
+  decode_pipeline(slow, 128, true, stages, ctas);
+  EXPECT_EQ(stages, 3);
+  EXPECT_EQ(ctas, 2);
+  // The wide tile (2 stages, 32 kB per CTA): two CTAs per SM on both.
+  decode_pipeline(h100, 128, false, stages, ctas);
+  EXPECT_EQ(stages, 2);
+  EXPECT_EQ(ctas, 2);
+  // d = 64: blocks of 16 kB; H100 needs 4 of them, two 3-stage CTAs.
+  decode_pipeline(h100, 64, true, stages, ctas);
+  EXPECT_EQ(stages, 3);
+  EXPECT_EQ(ctas, 2);
+}
+
 TEST(Fa2Decode, SplitsFillWholeWavesWithEnoughKeysEach) {
   using namespace attn::fa2;
+  const DecodeDevice h100 = h100_like(), h200 = h200_like();
   // The narrow tile holds 16 rows of Q and a 3-stage ring: two fit in an SM at d = 128.
-  EXPECT_LE(2 * (DecodeTileNarrow<128>::kSmemBytes + 1024), 228 * 1024);
+  EXPECT_LE(2 * ((DecodeTileNarrow<128, 3>::kSmemBytes) + 1024), 228 * 1024);
+  EXPECT_EQ((DecodeTileNarrow<128, 4>::kSmemBytes), decode_smem_bytes(128, 16, 4));
+  EXPECT_EQ(DecodeTileWide<64>::kSmemBytes, decode_smem_bytes(64, 64, 2));
   AttnProblem p = tiny(1, 65536, 128, false, 32, 8);
-  DecodeSplit s = decode_split(p, 132);
+  DecodeSplit s = decode_split(p, h100);
   EXPECT_EQ(s.rows, 4);
   EXPECT_TRUE(s.narrow);
   EXPECT_EQ(s.row_blocks, 1);
-  // B * Hkv = 8 CTAs without a split; a wave is one CTA per SM: 16 splits of 4096 keys make
-  // 128 CTAs on 132 SMs (17 would make 136, a wave and a bit).
+  // B * Hkv = 8 CTAs without a split; on the H100 a wave is one CTA per SM: 16 splits of 4096
+  // keys make 128 CTAs on 132 SMs (17 would make 136, a wave and a bit).
   EXPECT_EQ(s.splits, 16);
   EXPECT_EQ(s.keys_per_split, 4096);
   EXPECT_EQ(s.keys_per_split % kDecodeBc, 0);
   EXPECT_GE(s.keys_per_split, kDecodeMinSplitKeys);
   EXPECT_LT(int64_t(s.splits - 1) * s.keys_per_split, p.Nk);  // every split has keys
   EXPECT_GE(int64_t(s.splits) * s.keys_per_split, p.Nk);      // and together all of them
-  // B = 8: 64 CTAs; 2 splits make 128, one wave (3 would make a wave and a half).
+  // On the H200 a wave is two CTAs per SM, 264: at Nk = 128k, 32 splits of 4096 keys make
+  // 256 (the H100 keeps 16 of 8192).
+  p.Nk = 131072;
+  EXPECT_EQ(decode_split(p, h200).splits, 32);
+  EXPECT_EQ(decode_split(p, h200).keys_per_split, 4096);
+  EXPECT_EQ(decode_split(p, h100).splits, 16);
+  p.Nk = 65536;
+  // B = 8: 64 CTAs; 2 splits make 128, one H100 wave; 4 make 256, one H200 wave.
   p.B = 8;
-  EXPECT_EQ(decode_split(p, 132).splits, 2);
-  // B = 32: 256 CTAs are two full waves unsplit, and one split writes O itself: no workspace.
+  EXPECT_EQ(decode_split(p, h100).splits, 2);
+  EXPECT_EQ(decode_split(p, h200).splits, 4);
+  // B = 32: 256 CTAs are a full wave (H200) or two (H100) unsplit, and one split writes O
+  // itself: no workspace.
   p.B = 32;
-  EXPECT_EQ(decode_split(p, 132).splits, 1);
-  EXPECT_EQ(decode_workspace_bytes(p, decode_split(p, 132)), 0u);
+  EXPECT_EQ(decode_split(p, h100).splits, 1);
+  EXPECT_EQ(decode_split(p, h200).splits, 1);
+  EXPECT_EQ(decode_workspace_bytes(p, decode_split(p, h100)), 0u);
   // Short K: at least kDecodeMinSplitKeys keys per split; Nk < that: one split.
   p.B = 1;
   p.Nk = 4096;
-  EXPECT_EQ(decode_split(p, 132).splits, 4096 / kDecodeMinSplitKeys);
+  EXPECT_EQ(decode_split(p, h100).splits, 4096 / kDecodeMinSplitKeys);
   for (int nk : {1, 17, 255}) {
     p.Nk = nk;
-    EXPECT_EQ(decode_split(p, 132).splits, 1) << nk;
+    EXPECT_EQ(decode_split(p, h100).splits, 1) << nk;
   }
   // A batch that fills the GPU by itself: no split.
   p.B = 256;
   p.Nk = 100003;
-  EXPECT_EQ(decode_split(p, 132).splits, 1);
+  EXPECT_EQ(decode_split(p, h100).splits, 1);
   // Nq = 64 and 8 heads per KV head: 512 packed rows, the wide tile, 8 row blocks.
   AttnProblem q = tiny(64, 4097, 64, true, 8, 1);
-  DecodeSplit t = decode_split(q, 132);
+  DecodeSplit t = decode_split(q, h100);
   EXPECT_EQ(t.rows, 512);
   EXPECT_FALSE(t.narrow);
   EXPECT_EQ(t.row_blocks, 8);
+  EXPECT_EQ(t.stages, kDecodeWideStages);
   EXPECT_EQ(decode_workspace_bytes(q, t), t.splits > 1 ? size_t(8) * 64 * t.splits * 65 * 4 : 0u);
   for (int nk : {1, 17, 4097, 100003}) {  // the tests' Nk: splits cover the keys exactly
     q.Nk = nk;
-    t = decode_split(q, 132);
-    EXPECT_LT(int64_t(t.splits - 1) * t.keys_per_split, nk);
-    EXPECT_GE(int64_t(t.splits) * t.keys_per_split, nk);
+    for (const DecodeDevice& dev : {h100, h200}) {
+      t = decode_split(q, dev);
+      EXPECT_LT(int64_t(t.splits - 1) * t.keys_per_split, nk);
+      EXPECT_GE(int64_t(t.splits) * t.keys_per_split, nk);
+    }
   }
   // Nq = 4 at group 4 is 16 rows: still narrow; Nq = 5 is not.
   AttnProblem r = tiny(4, 16384, 128, true, 32, 8);
-  EXPECT_TRUE(decode_split(r, 132).narrow);
+  EXPECT_TRUE(decode_split(r, h100).narrow);
   r.Nq = 5;
-  EXPECT_FALSE(decode_split(r, 132).narrow);
+  EXPECT_FALSE(decode_split(r, h100).narrow);
+}
+
+TEST(Fa2Decode, PagedWorkspaceAndErrorMessages) {
+  using namespace attn::fa2;
+  AttnProblem p = tiny(1, 64 * 100, 128, false, 32, 8);  // capacity: 100 pages of 64
+  const DecodeSplit s = decode_split(p, h100_like());
+  EXPECT_EQ(decode_paged_workspace_bytes(p, s), kPagedHeaderBytes + decode_workspace_bytes(p, s));
+  EXPECT_EQ(kPagedHeaderBytes % 16, 0u);  // the partials stay 16-byte aligned
+  EXPECT_EQ(paged_error_message(PagedErrorWord{0, 0, 0, 0}, 64, 100, 500), "");
+  EXPECT_NE(paged_error_message(PagedErrorWord{kBadLength, 3, -1, -5}, 64, 100, 500).find("seq_lens[3] = -5 is negative"),
+            std::string::npos);
+  EXPECT_NE(paged_error_message(PagedErrorWord{kLengthBeyondPages, 1, -1, 6401}, 64, 100, 500)
+                .find("seq_lens[1] = 6401 is beyond the 100 pages of 64 tokens"),
+            std::string::npos);
+  EXPECT_NE(paged_error_message(PagedErrorWord{kPageOutOfRange, 2, 7, 500}, 64, 100, 500)
+                .find("block_table[2][7] = 500 is not a page index in [0, 500)"),
+            std::string::npos);
 }
 
 TEST(Fa2Decode, RefusesMoreQueryRowsThanItTakes) {

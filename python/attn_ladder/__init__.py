@@ -14,11 +14,12 @@ the sequence sharded (ring attention with the ⊕ merge: context_parallel.py).
 """
 
 from ._capi import AttnLadderError, backward_head_dims, descale_blocks, library_path, rung_info, rungs, run
-from .ops import attention, has_backward
+from .ops import attention, decode_paged, has_backward
 from .context_parallel import (LadderBlocks, TorchBlocks, context_parallel_attention, gather_shards, zigzag_gather,
                                zigzag_shard, zigzag_unshard)
 from .ring_math import zigzag_chunks
 
 __all__ = ["AttnLadderError", "LadderBlocks", "TorchBlocks", "attention", "backward_head_dims",
-           "context_parallel_attention", "descale_blocks", "gather_shards", "has_backward", "library_path", "rung_info",
-           "rungs", "run", "zigzag_chunks", "zigzag_gather", "zigzag_shard", "zigzag_unshard"]
+           "context_parallel_attention", "decode_paged", "descale_blocks", "gather_shards", "has_backward",
+           "library_path", "rung_info", "rungs", "run", "zigzag_chunks", "zigzag_gather", "zigzag_shard",
+           "zigzag_unshard"]

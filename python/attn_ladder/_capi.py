@@ -78,6 +78,24 @@ class _Problem(ctypes.Structure):
     ]
 
 
+class _PagedProblem(ctypes.Structure):
+    """attn_paged_problem_t, field for field."""
+
+    _fields_ = [
+        ("B", ctypes.c_int),
+        ("H", ctypes.c_int),
+        ("Hkv", ctypes.c_int),
+        ("Nq", ctypes.c_int),
+        ("d", ctypes.c_int),
+        ("num_pages", ctypes.c_int),
+        ("page_size", ctypes.c_int),
+        ("max_pages", ctypes.c_int),
+        ("causal", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("scale", ctypes.c_float),  # 0 = 1/sqrt(d)
+    ]
+
+
 _lib = None
 
 # The current stream's cudaStream_t as an int, without building a torch.cuda.Stream object
@@ -189,6 +207,30 @@ def _load():
             ctypes.c_void_p,  # dv
         ] + lib.attn_run_async.argtypes[7:]  # workspace, workspace_bytes, stream, err, err_len
         lib.attn_run_backward_async.restype = ctypes.c_int
+    if hasattr(lib, "attn_decode_paged_async"):  # the paged decode (a library built before it has none)
+        lib.attn_decode_paged_workspace_bytes.argtypes = [ctypes.POINTER(_PagedProblem),
+                                                          ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
+                                                          ctypes.c_size_t]
+        lib.attn_decode_paged_workspace_bytes.restype = ctypes.c_int
+        lib.attn_decode_paged_async.argtypes = [
+            ctypes.POINTER(_PagedProblem),
+            ctypes.c_void_p,  # q
+            ctypes.c_void_p,  # k_cache
+            ctypes.c_void_p,  # v_cache
+            ctypes.c_void_p,  # block_table
+            ctypes.c_void_p,  # seq_lens
+            ctypes.c_void_p,  # o
+            ctypes.c_void_p,  # lse
+            ctypes.c_void_p,  # workspace
+            ctypes.c_size_t,  # workspace_bytes
+            ctypes.c_void_p,  # cudaStream_t
+            ctypes.c_char_p,  # err
+            ctypes.c_size_t,  # err_len
+        ]
+        lib.attn_decode_paged_async.restype = ctypes.c_int
+        lib.attn_decode_paged_check.argtypes = [ctypes.POINTER(_PagedProblem), ctypes.c_void_p, ctypes.c_void_p,
+                                                ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t]
+        lib.attn_decode_paged_check.restype = ctypes.c_int
     _lib = lib
     return lib
 
@@ -417,6 +459,90 @@ def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
     rc = _on_device(q.device, launch)
     _raise_unless_ok(rc, rung, err)
     return dq, dk, dv
+
+
+def _check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens):
+    """ladder/torch_op.cpp's check_paged_inputs, same order and words."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q must be 4-D [B, H, Nq, d], got shape {tuple(getattr(q, 'shape', ()))}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [num_pages, page_size, Hkv, d], got shape "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on {q.device}, got {t.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (call .contiguous())")
+        if t.numel() and max(t.shape) > _INT32_MAX:
+            raise ValueError(f"{name} has a dimension above 2^31 - 1: {tuple(t.shape)}")
+    if q.dtype not in _DTYPE_CODES:
+        raise ValueError(f"q must be bfloat16 or float16, got {q.dtype}")
+    if not (k_cache.dtype == v_cache.dtype == q.dtype):
+        raise ValueError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    B, H, _, d = q.shape
+    if k_cache.shape[3] != d:
+        raise ValueError(f"head dims differ: q has d={d}, the caches have d={k_cache.shape[3]}")
+    Hkv = k_cache.shape[2]
+    if Hkv < 1 or H % Hkv != 0:
+        raise ValueError(f"the caches' heads (Hkv={Hkv}) must divide q heads (H={H})")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table must be an int32 tensor [B, max_pages] with B={B}, got {block_table.dtype} "
+                         f"{tuple(block_table.shape)}")
+    if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or seq_lens.shape[0] != B:
+        raise ValueError(f"seq_lens must be an int32 tensor [B] with B={B}, got {seq_lens.dtype} "
+                         f"{tuple(seq_lens.shape)}")
+
+
+def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale=None):
+    """(o, lse) of one decode step from a paged KV cache (05_fa2_decode's kernels).
+
+    q [B, H, Nq, d] (Nq <= 64); k_cache, v_cache [num_pages, page_size, Hkv, d]; block_table
+    [B, max_pages] int32 (sequence b's token n in page block_table[b, n // page_size]);
+    seq_lens [B] int32 (0 <= seq_lens[b] <= max_pages * page_size). causal: query row i of
+    sequence b sees key j iff j <= i + seq_lens[b] - Nq. o like q, lse fp32 [B, H, Nq]. A bad
+    length or page index is never read; its sequence's o is NaN, and, unless the current stream
+    is being captured (then nothing synchronizes), ValueError names it after the kernel ran.
+    """
+    _check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+    _check_scale(scale)
+    lib = _load()
+    if not hasattr(lib, "attn_decode_paged_async"):
+        raise AttnLadderError(_INVALID_INPUT, "attn_ladder: this library has no paged decode")
+    B, H, Nq, d = q.shape
+    num_pages, page_size, Hkv, _ = k_cache.shape
+    problem = _PagedProblem(B, H, Hkv, Nq, d, num_pages, page_size, block_table.shape[1], int(bool(causal)),
+                            _DTYPE_CODES[q.dtype], float(scale or 0.0))
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    err, need, checked = _err(), ctypes.c_size_t(0), ctypes.c_int(0)
+    name = "05_fa2_decode (paged)"
+
+    def launch():
+        _raise_unless_ok(lib.attn_decode_paged_workspace_bytes(ctypes.byref(problem), ctypes.byref(need), err,
+                                                               _ERR_LEN), name, err)
+        workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device)
+        stream = _stream(q.device)
+        _raise_unless_ok(lib.attn_decode_paged_async(ctypes.byref(problem), q.data_ptr(), k_cache.data_ptr(),
+                                                     v_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(),
+                                                     o.data_ptr(), lse.data_ptr(), workspace.data_ptr(), need.value,
+                                                     stream, err, _ERR_LEN), name, err)
+        rc = lib.attn_decode_paged_check(ctypes.byref(problem), workspace.data_ptr(), stream, ctypes.byref(checked),
+                                         err, _ERR_LEN)
+        if rc == _INVALID_INPUT:
+            raise ValueError("attn_ladder.decode_paged: " + err.value.decode(errors="replace"))
+        _raise_unless_ok(rc, name, err)
+
+    _on_device(q.device, launch)
+    return o, lse
 
 
 def _raise_unless_ok(rc, rung, err):

@@ -1,7 +1,7 @@
 """attention(): the ladder's rungs as one PyTorch operator, attn_ladder::attention.
 
-Two definitions of the same operators (attention, attention_backward, attention_e4m3), with
-the same schemas, checks and messages:
+Two definitions of the same operators (attention, attention_backward, attention_e4m3,
+decode_paged), with the same schemas, checks and messages:
 - in C++ (ladder/torch_op.cpp, libattn_ladder_torch.so beside libattn_ladder.so), loaded with
   torch.ops.load_library when it was built against this very torch (CMake builds it when it
   finds torch: the repository's build, or `pip install --no-build-isolation .`). A call
@@ -58,6 +58,11 @@ def _fake_attention(q, k, v, rung, causal, scale, fp8):
 
 def _fake_attention_backward(q, k, v, o, lse, dout, rung, causal, scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fake_decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal, scale):
+    B, H, Nq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, H, Nq), dtype=torch.float32)
 
 
 def _fake_attention_e4m3(q, k, v, q_descale, k_descale, v_descale, rung, causal, scale):
@@ -138,7 +143,14 @@ def _define_in_python():
         raise RuntimeError("attn_ladder: the e4m3 operator has no backward pass")
 
     e4m3_op.register_autograd(no_backward, setup_context=refuse_e4m3_gradient)
-    return attention_op, backward_op, e4m3_op
+
+    # Decode from a paged KV cache: forward only (no autograd registered: an inference step).
+    @torch.library.custom_op(_NAME.replace("attention", "decode_paged"), mutates_args=())
+    def decode_paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                        seq_lens: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return _capi.decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=causal, scale=scale)
+
+    return attention_op, backward_op, e4m3_op, decode_paged_op
 
 
 _CPP_LIBRARY = _load_cpp_operators()
@@ -147,11 +159,13 @@ if _CPP_LIBRARY:
     _attention = torch.ops.attn_ladder.attention.default
     _attention_backward = torch.ops.attn_ladder.attention_backward.default
     _attention_e4m3 = torch.ops.attn_ladder.attention_e4m3.default
+    _decode_paged = torch.ops.attn_ladder.decode_paged.default
 else:
-    _attention, _attention_backward, _attention_e4m3 = _define_in_python()
+    _attention, _attention_backward, _attention_e4m3, _decode_paged = _define_in_python()
 torch.library.register_fake(_NAME, _fake_attention)
 torch.library.register_fake(_NAME + "_backward", _fake_attention_backward)
 torch.library.register_fake(_NAME + "_e4m3", _fake_attention_e4m3)
+torch.library.register_fake("attn_ladder::decode_paged", _fake_decode_paged)
 
 # The C++ operator's refusals: "attn_ladder '<rung>' failed (<what>): <message>" (_capi's words).
 _FAILED = re.compile(r"attn_ladder '[^']*' failed \(([^)]*)\)")
@@ -217,3 +231,37 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
     else:
         o, lse = _attention(q, k, v, rung, bool(causal), float(scale), bool(fp8))
     return (o, lse.detach()) if return_lse else o
+
+
+def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale=None, return_lse=False):
+    """One decode step from a paged KV cache, as the operator attn_ladder::decode_paged.
+
+    q: [B, H, Nq, d], Nq <= 64 (bfloat16 or float16, d 64 or 128); k_cache, v_cache:
+    [num_pages, page_size, Hkv, d] (vLLM's and FlashAttention's layout: one token's Hkv * d
+    elements contiguous); block_table: int32 [B, max_pages], sequence b's token n in page
+    block_table[b, n // page_size] (entries past its length are never read); seq_lens: int32
+    [B], 0 <= seq_lens[b] <= max_pages * page_size. causal: bottom-right per sequence, query row
+    i sees key j iff j <= i + seq_lens[b] - Nq. Returns o (like q), and lse fp32 [B, H, Nq] when
+    return_lse. torch.compile traces it; a CUDA graph captures it and replays it with new
+    block_table and seq_lens contents (the grid is sized for max_pages * page_size keys).
+
+    Bad tables: a negative length, one beyond the pages, or a page index outside
+    [0, num_pages) among the pages a length uses is never dereferenced; that sequence's o is
+    NaN, and ValueError names it after the kernel ran (this synchronizes the stream), except
+    while the stream is being captured, where nothing may synchronize (no check then).
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if _CPP_LIBRARY:
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            if not t.is_cuda:
+                raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        _capi._check_scale(scale)
+    try:
+        o, lse = _decode_paged(q, k_cache, v_cache, block_table, seq_lens, bool(causal), float(scale))
+    except RuntimeError as e:
+        error = _ladder_error(e)
+        if error is None:
+            raise
+        raise error from None
+    return (o, lse) if return_lse else o
