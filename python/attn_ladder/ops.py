@@ -233,6 +233,37 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
     return (o, lse.detach()) if return_lse else o
 
 
+
+def _check_paged_tables(block_table, seq_lens, page_size, num_pages):
+    """Eagerly, before the C++ operator: the refusals its kernel would report after the run, in
+    its words (fa2_decode.h: paged_error_message). On an H200 (torch 2.11) the C++ operator's
+    ValueError after the kernel crashed the process (SIGSEGV), as its bad-scale refusal did
+    (see attention); the kernel still never reads a bad page, where this check is skipped (a
+    graph being captured, torch.compile). One synchronization, as the operator's own check."""
+    if not (isinstance(block_table, torch.Tensor) and isinstance(seq_lens, torch.Tensor)
+            and block_table.dtype == torch.int32 and seq_lens.dtype == torch.int32
+            and block_table.dim() == 2 and seq_lens.dim() == 1 and block_table.shape[0] == seq_lens.shape[0]):
+        return  # the operator refuses these before running, with their own messages
+    max_pages = block_table.shape[1]
+    lens = seq_lens.to(torch.int64)
+    used_pages = (lens.clamp(min=0) + page_size - 1) // page_size
+    used = torch.arange(max_pages, device=block_table.device)[None, :] < used_pages[:, None]
+    bad_page = used & ((block_table < 0) | (block_table >= num_pages))
+    negative, beyond = lens < 0, lens > max_pages * page_size
+    if not bool(negative.any() | beyond.any() | bad_page.any()):
+        return
+    tail = "; nothing was run"
+    if bool(negative.any()):
+        b = int(negative.nonzero()[0, 0])
+        raise ValueError(f"bad paged KV cache: seq_lens[{b}] = {int(lens[b])} is negative{tail}")
+    if bool(beyond.any()):
+        b = int(beyond.nonzero()[0, 0])
+        raise ValueError(f"bad paged KV cache: seq_lens[{b}] = {int(lens[b])} is beyond the {max_pages} pages of "
+                         f"{page_size} tokens the block table gives ({max_pages * page_size} tokens){tail}")
+    b, j = (int(x) for x in bad_page.nonzero()[0])
+    raise ValueError(f"bad paged KV cache: block_table[{b}][{j}] = {int(block_table[b, j])} is not a page index "
+                     f"in [0, {num_pages}){tail}")
+
 def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale=None, return_lse=False):
     """One decode step from a paged KV cache, as the operator attn_ladder::decode_paged.
 
@@ -246,9 +277,10 @@ def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale
     block_table and seq_lens contents (the grid is sized for max_pages * page_size keys).
 
     Bad tables: a negative length, one beyond the pages, or a page index outside
-    [0, num_pages) among the pages a length uses is never dereferenced; that sequence's o is
-    NaN, and ValueError names it after the kernel ran (this synchronizes the stream), except
-    while the stream is being captured, where nothing may synchronize (no check then).
+    [0, num_pages) among the pages a length uses raises ValueError naming it, before the run
+    (this synchronizes the stream), except while a graph is captured or torch.compile traces,
+    where nothing may synchronize: there the kernel never dereferences a bad page and that
+    sequence's o is NaN.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -257,6 +289,8 @@ def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale
             if not t.is_cuda:
                 raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
         _capi._check_scale(scale)
+        if not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
+            _check_paged_tables(block_table, seq_lens, k_cache.shape[1], k_cache.shape[0])
     try:
         o, lse = _decode_paged(q, k_cache, v_cache, block_table, seq_lens, bool(causal), float(scale))
     except RuntimeError as e:
