@@ -16,8 +16,9 @@ and fp8_speed.csv of the results folder. metric is one of
     softmax_gbps  the softmax kernel alone (01-03a): GB/s by N and % of the copy ceiling
     fp8           06_fp8 against 06d bf16 from fp8_speed.csv, by d and N
     op            the PyTorch operator against attn_bench and cuDNN, from op.csv
-    decode        05_fa2_decode against cuDNN and FlashAttention-2 by (B, Nq) and Nk, from
-                  decode.csv and decode_peers.csv
+    decode        05_fa2_decode (or the rung named) against cuDNN and FlashAttention-2 by
+                  (B, Nq) and Nk, from decode.csv and decode_peers.csv (or from=)
+    context_parallel  scripts/context_parallel_bench.py's rows (with from=)
     backward      TFLOPS of the backward passes (rungs named <rung>_bwd, FLOPs 2.5x the
                   forward's) by N, from backward.csv and backward_peers.csv
 causal=0 or causal=1 restricts tflops to one mask (default both). from=results/<gpu>/<file>.csv
@@ -45,7 +46,7 @@ def load(path):
     if not path.is_file():
         return []
     with open(path, newline="") as f:
-        return [r for r in csv.DictReader(f) if r.get("rung") and r["rung"] != "rung"]
+        return [r for r in csv.DictReader(f) if r.get("rung", "-") and r.get("rung") != "rung"]
 
 
 def num(row, key):
@@ -82,8 +83,8 @@ class Data:
         self.peers = [] if csv else load(results / "peers.csv")
         self.fp8 = [] if csv else load(results / "fp8_speed.csv")
         self.op = [] if csv else load(results / "op.csv")
-        self.decode = [] if csv else load(results / "decode.csv") + load(results / "decode_peers.csv")
-        self.backward = [] if csv else load(results / "backward.csv") + load(results / "backward_peers.csv")
+        self.decode = self.ladder if csv else load(results / "decode.csv") + load(results / "decode_peers.csv")
+        self.backward = self.ladder if csv else load(results / "backward.csv") + load(results / "backward_peers.csv")
         self.rel = results.relative_to(REPO).as_posix() if results.is_relative_to(REPO) else str(results)
 
     def rows(self, rungs, d, causal=None, dtype="bf16", backward=False):
@@ -96,8 +97,8 @@ class Data:
         for table, table_names in ((self.ladder, [self.ladder_file]), (self.peers, ["peers.csv"]),
                                    (self.fp8, ["fp8_speed.csv"]), (self.backward, ["backward.csv", "backward_peers.csv"])):
             if any(r in table for r in rows):
-                names += [f"{self.rel}/{name}" for name in table_names]
-        return names
+                names += [f"{self.rel}/{name}" for name in ([self.ladder_file] if table is self.ladder else table_names)]
+        return list(dict.fromkeys(names))
 
 
 def table_tflops(data, rungs, d, causals, backward=False):
@@ -112,7 +113,9 @@ def table_tflops(data, rungs, d, causals, backward=False):
             if by_n:
                 cells = [f"{by_n[n]:.0f}" if by_n.get(n) is not None else "–" for n in ns]
                 out.append(f"| {rung}{' causal' if causal else ''} | " + " | ".join(cells) + " |")
-    what = f"TFLOPS{' of the backward pass (2.5× the forward FLOPs)' if backward else ''}, bf16, d = {d}, B·N = 16384, H = {2048 // d}"
+    bs, hs = {r["B"] for r in rows}, {r["H"] for r in rows}
+    shape = f"B = {min(bs)}, H = {min(hs)}" if len(bs) == 1 and len(hs) == 1 else f"B·N = 16384, H = {2048 // d}"
+    what = f"TFLOPS{' of the backward pass (2.5× the forward FLOPs)' if backward else ''}, bf16, d = {d}, {shape}"
     return out, caption(rows, data.files_of(rows), what)
 
 
@@ -213,8 +216,33 @@ def table_decode(data, rung):
     r0 = mine[0]
     what = (f"{rung}: time, and its speedup over cuDNN / FlashAttention-2 (torch SDPA) on the same shapes; "
             f"bf16, d = {r0['d']}, H = {r0['H']} over H_kv = {r0['Hkv']}")
-    return out, caption(rows, [f"{data.rel}/decode.csv", f"{data.rel}/decode_peers.csv"], what)
+    files = ([data.ladder_file] if data.decode is data.ladder else ["decode.csv", "decode_peers.csv"])
+    return out, caption(rows, [f"{data.rel}/{f}" for f in files], what)
 
+
+
+def table_context_parallel(data):
+    """scripts/context_parallel_bench.py's CSV (a from= block): time and TFLOPS per
+    implementation, forward and forward + backward."""
+    rows = [r for r in data.ladder if "impl" in r]
+    if not rows:
+        return None
+    out = ["| implementation | GPUs | forward (ms) | TFLOPS | forward + backward (ms) | TFLOPS |",
+           "|---|---:|---:|---:|---:|---:|"]
+    by = {(r["impl"], r["phase"]): r for r in rows}
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        cells = []
+        for phase in ("fwd", "fwd+bwd"):
+            r = by.get((impl, phase))
+            cells += [f"{float(r['time_ms_median']):.1f}", f"{float(r['tflops']):.0f}"] if r else ["–", "–"]
+        ranks = next(r["ranks"] for r in rows if r["impl"] == impl)
+        out.append(f"| {impl} | {ranks} | " + " | ".join(cells) + " |")
+    r0 = rows[0]
+    what = (f"context parallelism, median of the timed steps; bf16, B = {r0['B']}, H = {r0['H']}, N = {r0['N']}, "
+            f"d = {r0['d']}, causal = {r0['causal']}")
+    gpus = sorted({r["gpu"] for r in rows})
+    return out, (f"{what}; {', '.join(gpus)} (one host), from `{data.rel}/{data.ladder_file}` "
+                 f"(generated by `scripts/lessons.py`).")
 
 def render(data, args_text):
     args = dict(kv.split("=", 1) for kv in args_text.split())
@@ -240,8 +268,11 @@ def render(data, args_text):
         made = table_tflops(data, rungs, d, causals, backward=True)
     elif metric == "decode":
         made = table_decode(data, rungs[0] if rungs else "05_fa2_decode")
+    elif metric == "context_parallel":
+        made = table_context_parallel(data)
     else:
-        raise ValueError(f"unknown metric '{metric}' (tflops, bytes, softmax_gbps, fp8, op, decode, backward)")
+        raise ValueError(f"unknown metric '{metric}' (tflops, bytes, softmax_gbps, fp8, op, decode, backward, "
+                         f"context_parallel)")
     if made is None:
         return f"(no rows for {args_text} in {data.rel})"
     lines, cap = made
