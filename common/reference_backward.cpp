@@ -43,20 +43,22 @@ ReferenceGrads reference_backward(const AttnProblem& p, const HostInputs& in, co
   g.dq.assign(size_t(p.q_elems()), 0.0);
   g.dk.assign(size_t(p.kv_elems()), 0.0);
   g.dv.assign(size_t(p.kv_elems()), 0.0);
-  std::vector<double> lse(size_t(p.lse_elems())), D(size_t(p.lse_elems()));
+  // c_i = sum_k P_ik dP_ik per row: the softmax Jacobian's contraction, which pass 2 needs too.
+  std::vector<double> lse(size_t(p.lse_elems())), c(size_t(p.lse_elems()));
 
-  // Pass 1, one query row each: s_j, lse, P_ij, O_i, D_i = dO_i . O_i, dP_ij = dO_i . v_j,
-  // dS_ij = P_ij (dP_ij - D_i), dQ_i = scale sum_j dS_ij k_j.
+  // Pass 1, one query row each: s_j, lse, P_ij, dP_ij = dO_i . v_j, and through the softmax's
+  // Jacobian (dP_i . dP_i/ds_ij, written out) dS_ij = P_ij dP_ij - P_ij sum_k P_ik dP_ik;
+  // dQ_i = scale sum_j dS_ij k_j. No shortcut for the sum: this is the ground truth.
   parallel_for(p.lse_elems(), [&](int64_t row) {
     const int64_t bh = row / p.Nq, i = row % p.Nq, bh_kv = kv_head(bh), end = key_end(i);
     const float* q = q_row(in.q, bh, i);
     const float* dO = q_row(dout, bh, i);
     if (end == 0) {  // sees no key: O = 0, no gradient
       lse[row] = -std::numeric_limits<double>::infinity();
-      D[row] = 0;
+      c[row] = 0;
       return;
     }
-    std::vector<double> P(end), o(d, 0.0);
+    std::vector<double> P(end), dP(end);
     double m = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < end; ++j) {
       P[j] = scale * dot(q, kv_row(in.k, bh_kv, j), d);
@@ -65,19 +67,18 @@ ReferenceGrads reference_backward(const AttnProblem& p, const HostInputs& in, co
     double l = 0;
     for (int64_t j = 0; j < end; ++j) l += std::exp(P[j] - m);
     lse[row] = m + std::log(l);
+    double ci = 0;
     for (int64_t j = 0; j < end; ++j) {
       P[j] = std::exp(P[j] - lse[row]);
-      const float* v = kv_row(in.v, bh_kv, j);
-      for (int c = 0; c < d; ++c) o[c] += P[j] * v[c];
+      dP[j] = dot(dO, kv_row(in.v, bh_kv, j), d);
+      ci += P[j] * dP[j];
     }
-    double Di = 0;
-    for (int c = 0; c < d; ++c) Di += double(dO[c]) * o[c];
-    D[row] = Di;
+    c[row] = ci;
     double* dq = g.dq.data() + row * d;
     for (int64_t j = 0; j < end; ++j) {
-      const double dS = P[j] * (dot(dO, kv_row(in.v, bh_kv, j), d) - Di);
+      const double dS = P[j] * dP[j] - P[j] * ci;
       const float* k = kv_row(in.k, bh_kv, j);
-      for (int c = 0; c < d; ++c) dq[c] += scale * dS * k[c];
+      for (int cc = 0; cc < d; ++cc) dq[cc] += scale * dS * k[cc];
     }
   });
 
@@ -98,10 +99,11 @@ ReferenceGrads reference_backward(const AttnProblem& p, const HostInputs& in, co
         const float* q = q_row(in.q, bh, i);
         const float* dO = q_row(dout, bh, i);
         const double P = std::exp(scale * dot(q, k, d) - lse[row]);
-        const double dS = P * (dot(dO, v, d) - D[row]);
-        for (int c = 0; c < d; ++c) {
-          dv[c] += P * dO[c];
-          dk[c] += scale * dS * q[c];
+        const double dP = dot(dO, v, d);
+        const double dS = P * dP - P * c[row];
+        for (int cc = 0; cc < d; ++cc) {
+          dv[cc] += P * dO[cc];
+          dk[cc] += scale * dS * q[cc];
         }
       }
     }

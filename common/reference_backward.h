@@ -9,14 +9,14 @@
 
 namespace attn {
 
-// The gradients of the whole problem: dq [B,H,Nq,d], dk and dv [B,Hkv,Nk,d]; P, O and
-// D = rowsum(dO ∘ O) are recomputed in fp64 from the inputs (not taken from a rung).
+// The gradients of the whole problem: dq [B,H,Nq,d], dk and dv [B,Hkv,Nk,d]; P and dP are
+// recomputed in fp64 from the inputs (not taken from a rung), dS through the softmax's Jacobian.
 struct ReferenceGrads {
   std::vector<double> dq, dk, dv;
 };
 
 // dout: dL/dO as float, [B,H,Nq,d]. Two passes on all hardware threads, O(N) extra memory:
-// query rows (P, O, D, dQ of each row), then keys (dK, dV of each key, summed over the
+// query rows (P, dP, dQ of each row), then keys (dK, dV of each key, summed over the
 // query heads of its group). About 8 B H Nq Nk d floating-point operations.
 ReferenceGrads reference_backward(const AttnProblem& p, const HostInputs& in, const std::vector<float>& dout);
 
