@@ -236,6 +236,13 @@ void add_backward(Stage& s) {
   };
   s.backward_workspace_bytes = [](const AttnProblem& p) { return fa2::bwd_workspace_bytes(p, kMode); };
   s.launch_backward = launch_backward_stage<kMode>;
+  if constexpr (kMode == fa2::DqMode::atomics)  // the dQ pass recomputes: its own model, not written
+    s.model_backward_hbm_bytes = [](const AttnProblem& p) {
+      using T64 = fa2::BwdTileFor<64, kMode>;
+      using T128 = fa2::BwdTileFor<128, kMode>;
+      return p.d <= 64 ? hbm::fa2_backward_bytes(p, T64::kQueries, T64::kKeys)
+                       : hbm::fa2_backward_bytes(p, T128::kQueries, T128::kKeys);
+    };
 }
 
 // The ablation of the d = 128 backward's warp grids: each warp owns 16 keys (BwdOwnKeysTile).

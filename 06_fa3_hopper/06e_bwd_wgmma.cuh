@@ -419,6 +419,7 @@ template <int D, typename T>
 void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_t stream) {
   using Cfg = Config<D, T>;
   static_assert(Cfg::B_c == kBwdKeysPerCta, "stages.cu counts the grid in blocks of kBwdKeysPerCta keys");
+  static_assert(Cfg::B_r == kBwdRowsPerStep, "stages.cu's HBM model takes steps of kBwdRowsPerStep rows");
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
   configure_kernel<fa3_backward<D, T>>(Cfg::kThreads, kSmemBytes);
 

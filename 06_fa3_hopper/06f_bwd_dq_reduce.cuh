@@ -445,6 +445,7 @@ template <int D, typename T>
 void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_t stream) {
   using Cfg = Config<D, T>;
   static_assert(Cfg::B_c == step06e::kBwdKeysPerCta, "the grid and refusals of stages.cu count 06e's blocks");
+  static_assert(Cfg::B_r == step06e::kBwdRowsPerStep, "stages.cu's HBM model takes steps of 06e's rows");
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
   configure_kernel<fa3_backward<D, T>>(Cfg::kThreads, kSmemBytes);
 

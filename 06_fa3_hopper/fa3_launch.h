@@ -103,6 +103,7 @@ void launch(const AttnProblem& p, const AttnTensors& t, Schedule schedule, cudaS
 // (fa2_backward.h: bwd_workspace_bytes with DqMode::atomics).
 namespace step06e {
 constexpr int kBwdKeysPerCta = 128;
+constexpr int kBwdRowsPerStep = 64;  // B_r, query rows per step (the HBM model's Br)
 template <int D, typename T>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
 }

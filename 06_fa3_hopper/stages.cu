@@ -131,6 +131,10 @@ void add_backward_06(Stage& s) {
     return "";
   };
   s.backward_workspace_bytes = [](const AttnProblem& p) { return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics); };
+  // 06e and 06f move the same bytes (06f changes who adds dQ_i, not how much).
+  s.model_backward_hbm_bytes = [](const AttnProblem& p) {
+    return hbm::fa2_backward_bytes(p, fa3::step06e::kBwdRowsPerStep, fa3::step06e::kBwdKeysPerCta);
+  };
   s.launch_backward = [](const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
     using LaunchFn = void (*)(const AttnProblem&, const AttnBwdTensors&, cudaStream_t);
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {

@@ -448,6 +448,7 @@ std::vector<Row> Harness::run_problem_backward(const AttnProblem& p, const std::
     r.p = p;
     r.ceilings = ceilings_;
     r.model_flops = 2.5 * hbm::flops(p);
+    if (s->model_backward_hbm_bytes) r.model_hbm_bytes = s->model_backward_hbm_bytes(p);
 
     const int64_t bad = count_nonfinite(out.dq.get(), p.q_elems(), t, stream_) +
                         count_nonfinite(out.dk.get(), p.kv_elems(), t, stream_) +

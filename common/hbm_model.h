@@ -49,6 +49,14 @@ double fa1_bytes(const AttnProblem& p, int Br, int Bc);
 // K_j, V_j (blocks of Bc), write O_i and the logsumexp once.
 double fa2_bytes(const AttnProblem& p, int Br, int Bc);
 
+// 05's and 06's backward (FlashAttention-2's Algorithm 2 order): a pre-pass reads O and dO,
+// writes D and zeroes the fp32 dQ accumulator; one CTA per (K/V block of Bc keys, batch, KV
+// head) reads K_j, V_j once and writes dK_j, dV_j once, and for every visible (Q block of Br
+// rows, K/V block) pair of each query head of its group reads Q_i, dO_i, L_i, D_i and adds
+// its dQ_i partial to the accumulator (fp32 read + write, counted at HBM: an upper bound,
+// since L2 absorbs part of the atomics); a post-pass reads the accumulator and writes dQ.
+double fa2_backward_bytes(const AttnProblem& p, int Br, int Bc);
+
 // 05_fa2_decode (flash-decoding): each (batch, KV head) streams its K and V once per block
 // of packed rows (the group = H / Hkv query heads that share it, Nq rows each; row_blocks = 1
 // unless group * Nq > B_r); Q read and O written once; each row's `splits` partial O rows and

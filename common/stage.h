@@ -62,6 +62,8 @@ struct Stage {
   std::function<std::string(const AttnProblem&)> backward_refuse;
   std::function<size_t(const AttnProblem&)> backward_workspace_bytes;
   std::function<void(const AttnProblem&, const AttnBwdTensors&, cudaStream_t)> launch_backward;
+  // Optional: the backward's HBM bytes by its cost model (hbm_model.h), for the bench's row.
+  std::function<double(const AttnProblem&)> model_backward_hbm_bytes;
 
   size_t workspace(const AttnProblem& p) const { return workspace_bytes ? workspace_bytes(p) : 0; }
   bool has_backward() const { return bool(launch_backward); }

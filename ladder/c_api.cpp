@@ -4,9 +4,11 @@
 #include <string>
 #include <vector>
 
-#include "05_fa2_reordered/fa2_decode.h"
 #include "common/check.h"
 #include "ladder/registry.h"
+#ifdef ATTN_HAS_RUNG_05  // a lab build below rung 05 has neither the decode's files nor kernels
+#include "05_fa2_reordered/fa2_decode.h"
+#endif
 
 namespace {
 
@@ -267,6 +269,7 @@ attn::AttnProblem paged_problem(const attn_paged_problem_t& c) {
 
 const attn::Stage& decode_stage() { return attn::find_stage("05_fa2_decode"); }
 
+#ifdef ATTN_HAS_RUNG_05
 attn::fa2::PagedKV paged_kv(const attn_paged_problem_t& c, const void* k_cache, const void* v_cache,
                             const int* block_table, const int* seq_lens) {
   attn::fa2::PagedKV kv;
@@ -279,8 +282,13 @@ attn::fa2::PagedKV paged_kv(const attn_paged_problem_t& c, const void* k_cache, 
   kv.max_pages = c.max_pages;
   return kv;
 }
+#endif
 
 }  // namespace
+
+// A lab build of rungs below 05 (CMakeLists.txt defines ATTN_HAS_RUNG_<nn> for the rungs it
+// builds) has no decode kernels to link; decode_stage() refuses first, this says why if not.
+[[maybe_unused]] constexpr const char* kNoPagedDecode = "this build has no rung 05: no paged decode";
 
 extern "C" int attn_decode_paged_workspace_bytes(const attn_paged_problem_t* cp, size_t* bytes, char* err,
                                                  size_t err_len) {
@@ -289,7 +297,11 @@ extern "C" int attn_decode_paged_workspace_bytes(const attn_paged_problem_t* cp,
     if (!bytes) throw attn::AttnError("bytes is a null pointer");
     const attn::AttnProblem p = paged_problem(*cp);
     attn::validate_problem(decode_stage(), p);
+#ifdef ATTN_HAS_RUNG_05
     *bytes = attn::fa2::decode_paged_workspace(p);
+#else
+    throw attn::AttnError(kNoPagedDecode);
+#endif
   }, err, err_len);
 }
 
@@ -309,8 +321,14 @@ extern "C" int attn_decode_paged_async(const attn_paged_problem_t* cp, const voi
     t.lse = lse;
     t.workspace = workspace;
     t.workspace_bytes = workspace_bytes;
+#ifdef ATTN_HAS_RUNG_05
     attn::fa2::run_decode_paged(p, paged_kv(*cp, k_cache, v_cache, block_table, seq_lens), t,
                                 static_cast<cudaStream_t>(stream));
+#else
+    static_cast<void>(k_cache), static_cast<void>(v_cache), static_cast<void>(block_table);
+    static_cast<void>(seq_lens), static_cast<void>(stream);
+    throw attn::AttnError(kNoPagedDecode);
+#endif
   }, err, err_len);
 }
 
@@ -324,11 +342,15 @@ extern "C" int attn_decode_paged_check(const attn_paged_problem_t* cp, const voi
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
     if (capturing != cudaStreamCaptureStatusNone) return;  // no synchronization inside a capture
+#ifdef ATTN_HAS_RUNG_05
     attn::fa2::PagedErrorWord word{};
     CUDA_CHECK(cudaMemcpyAsync(&word, workspace, sizeof(word), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     if (checked) *checked = 1;
     const std::string msg = attn::fa2::paged_error_message(word, cp->page_size, cp->max_pages, cp->num_pages);
     if (!msg.empty()) throw attn::AttnError(msg);
+#else
+    throw attn::AttnError(kNoPagedDecode);
+#endif
   }, err, err_len);
 }

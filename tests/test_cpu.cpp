@@ -212,6 +212,20 @@ TEST(HbmModel, Fa2ReadsKvOncePerQueryBlock) {
   EXPECT_EQ(hbm::fa2_bytes(p, 128, 64), 2.0 * 2 * 256 * 64 + 4.0 * 256 + 2.0 * 2 * 64 * (384 + 512));
 }
 
+TEST(HbmModel, Fa2BackwardReadsKvOncePerKvHeadAndQiOncePerPair) {
+  // H = 2 over Hkv = 1, Nq = Nk = 256, d = 64, bf16; Q blocks of 64 rows, K/V blocks of 128.
+  AttnProblem p = tiny(256, 256, 64, false, 2, 1);
+  const double pre = 2 * 256 * (2.0 * 2 * 64 + 4 + 4 * 64);  // O, dO read; D written; dQ_acc = 0
+  const double kv = 1 * 256 * 64 * 2.0 * 4;                  // K, V read; dK, dV written
+  const double per_row = 2.0 * 2 * 64 + 8 + 8 * 64;          // Q_i, dO_i; L_i, D_i; dQ_acc +=
+  const double post = 2 * 256 * 64 * (4.0 + 2);              // dQ_acc read, dQ written
+  // Without a mask every Q block meets both K/V blocks: 256 rows x 2 per query head.
+  EXPECT_EQ(hbm::fa2_backward_bytes(p, 64, 128), pre + kv + 2 * 256 * 2 * per_row + post);
+  // Causal: the Q blocks of rows 0-63 and 64-127 see K/V block 0 only, 128-255 both.
+  p.causal = true;
+  EXPECT_EQ(hbm::fa2_backward_bytes(p, 64, 128), pre + kv + 2 * 64 * (1 + 1 + 2 + 2) * per_row + post);
+}
+
 TEST(HbmModel, Fa1GrowsAsNSquaredD2OverM) {
   AttnProblem p = tiny(1024, 1024, 64);
   double small_blocks = hbm::fa1_bytes(p, 32, 32), big_blocks = hbm::fa1_bytes(p, 32, 128);
