@@ -239,11 +239,8 @@ def _check_paged_tables(block_table, seq_lens, page_size, num_pages):
     its words (fa2_decode.h: paged_error_message). On an H200 (torch 2.11) the C++ operator's
     ValueError after the kernel crashed the process (SIGSEGV), as its bad-scale refusal did
     (see attention); the kernel still never reads a bad page, where this check is skipped (a
-    graph being captured, torch.compile). One synchronization, as the operator's own check."""
-    if not (isinstance(block_table, torch.Tensor) and isinstance(seq_lens, torch.Tensor)
-            and block_table.dtype == torch.int32 and seq_lens.dtype == torch.int32
-            and block_table.dim() == 2 and seq_lens.dim() == 1 and block_table.shape[0] == seq_lens.shape[0]):
-        return  # the operator refuses these before running, with their own messages
+    graph being captured, torch.compile). One synchronization, as the operator's own check.
+    block_table and seq_lens have passed _capi._check_paged_inputs."""
     max_pages = block_table.shape[1]
     lens = seq_lens.to(torch.int64)
     used_pages = (lens.clamp(min=0) + page_size - 1) // page_size
@@ -285,12 +282,12 @@ def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if _CPP_LIBRARY:
-        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-            if not t.is_cuda:
-                raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        # The C++ operator's refusals made here first, in its words (see _check_paged_tables).
         _capi._check_scale(scale)
-        if not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
-            _check_paged_tables(block_table, seq_lens, k_cache.shape[1], k_cache.shape[0])
+        if not torch.compiler.is_compiling():
+            _capi._check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+            if not torch.cuda.is_current_stream_capturing():  # reading the tables synchronizes
+                _check_paged_tables(block_table, seq_lens, k_cache.shape[1], k_cache.shape[0])
     try:
         o, lse = _decode_paged(q, k_cache, v_cache, block_table, seq_lens, bool(causal), float(scale))
     except RuntimeError as e:
