@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Time whole training steps of a transformer with the ladder's attention and with SDPA.
+
+    scripts/train_step_bench.py --rungs 06d_fa3,05_fa2_reordered --csv train_step.csv
+
+One step: forward of L pre-norm blocks (LayerNorm, qkv projection, causal attention, output
+projection, LayerNorm, GELU MLP of 4 d_model), a mean-square loss on the output, backward; no
+optimizer (its time does not depend on the attention). Everything in bfloat16 on one GPU.
+Attention runs through attn_ladder.attention (whose autograd is the rung's backward pass) or
+torch.nn.functional.scaled_dot_product_attention with one backend forced (cuDNN, flash); the
+rest of the model is the same module with the same weights. The two default shapes are the
+ones the Hopper-backward issue measured (4 layers each): d_model 2048, 16 heads of 128, B 4,
+T 4096; and d_model 1024, 8 heads of 128, B 2, T 16384.
+
+Per (shape, attention): the median of --repeats timed steps after --warmup (CUDA events around
+each step); prints each row as it is measured and, per shape, the ladder's speed relative to
+each SDPA backend (> 1: the ladder's step is faster). Writes --csv.
+"""
+
+import argparse
+import csv
+import pathlib
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "python"))
+import attn_ladder  # noqa: E402
+
+SHAPES = {  # name: (layers, d_model, heads, batch, tokens)
+    "2048x16h_B4_T4k": (4, 2048, 16, 4, 4096),
+    "1024x8h_B2_T16k": (4, 1024, 8, 2, 16384),
+}
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d_model, heads, attend):
+        super().__init__()
+        self.heads, self.attend = heads, attend
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d_model), torch.nn.LayerNorm(d_model)
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = torch.nn.Linear(d_model, d_model, bias=False)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d_model, 4 * d_model), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        o = self.attend(q.contiguous(), k.contiguous(), v.contiguous())  # [B, H, T, d]
+        x = x + self.proj(o.transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp(self.ln2(x))
+
+
+class Model(torch.nn.Module):
+    def __init__(self, layers, d_model, heads, attend):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(d_model, heads, attend) for _ in range(layers))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def ladder(rung):
+    return lambda q, k, v: attn_ladder.attention(q, k, v, rung=rung, causal=True)
+
+
+def sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    which = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+
+    def attend(q, k, v):
+        with sdpa_kernel(which):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return attend
+
+
+def time_steps(model, x, warmup, repeats):
+    """Median ms of `repeats` forward + backward steps (after `warmup`)."""
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).float().square().mean().backward()
+
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rungs", default="06d_fa3,05_fa2_reordered", help="rungs with a backward pass at d = 128")
+    p.add_argument("--peers", default="cudnn,flash", help="SDPA backends to force")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"any of {', '.join(SHAPES)}")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--csv", type=pathlib.Path)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("train_step_bench: no CUDA device: it times training steps on a GPU")
+    rungs = [r for r in args.rungs.split(",") if r]
+    for rung in rungs:
+        if not attn_ladder.has_backward(rung, 128):
+            sys.exit(f"train_step_bench: rung '{rung}' has no backward pass at d = 128")
+    impls = [(f"ladder_{r}", ladder(r)) for r in rungs] + [(f"sdpa_{b}", sdpa(b)) for b in args.peers.split(",") if b]
+    gpu = torch.cuda.get_device_name()
+    rows = []
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            sys.exit(f"train_step_bench: unknown shape '{name}' (known: {', '.join(SHAPES)})")
+        layers, d_model, heads, batch, tokens = SHAPES[name]
+        torch.manual_seed(0)
+        model = Model(layers, d_model, heads, None).to("cuda", torch.bfloat16)
+        x = torch.randn(batch, tokens, d_model, device="cuda", dtype=torch.bfloat16)
+        times = {}
+        for label, attend in impls:
+            for block in model.blocks:
+                block.attend = attend
+            ms = time_steps(model, x, args.warmup, args.repeats)
+            times[label] = ms
+            print(f"[train_step] {gpu} {name} {label}: {ms:.2f} ms", flush=True)
+            rows.append({"gpu": gpu, "shape": name, "layers": layers, "d_model": d_model, "heads": heads,
+                         "B": batch, "T": tokens, "impl": label, "step_ms_median": f"{ms:.3f}"})
+        for r in rungs:
+            ratios = ", ".join(f"{times[f'sdpa_{b}'] / times[f'ladder_{r}']:.3f}x vs {b}"
+                               for b in args.peers.split(",") if b)
+            print(f"[train_step] {name}: {r} step speed {ratios} (> 1: the ladder's step is faster)", flush=True)
+        del model, x
+        torch.cuda.empty_cache()
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"[train_step] wrote {args.csv}")
+
+
+if __name__ == "__main__":
+    main()
