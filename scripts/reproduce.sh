@@ -58,7 +58,7 @@ train_steps=200
 # Rows per step: problems x rungs (or backends). 21 forward rungs at d = 64/128, fewer at 256
 # (taken as 21), 5 FP8 rungs, 3 decode rungs, 4 backward rungs, 4 SDPA backends (2 for decode
 # and backward); vs_cudnn: problems x rounds.
-rows_bench=$((6 * 3 * 2 * 21)) rows_fp8=$((6 * 3 * 5)) rows_decode=$((3 * 2 * 4 * 3)) rows_bwd=$((6 * 2 * 2 * 4))
+rows_bench=$((6 * 3 * 2 * 21)) rows_fp8=$((6 * 3 * 5)) rows_decode=$((3 * 2 * 4 * 3)) rows_bwd=$((6 * 2 * 2 * 6))
 rows_peers=$((6 * 3 * 2 * 4)) rows_vs=$((3 * 3 * 2 * 4)) rows_decode_peers=$((3 * 2 * 4 * 2)) rows_bwd_peers=$((6 * 2 * 2 * 2))
 if [[ $quick -eq 1 ]]; then
   sweep+=(--d 128 --n 1024,4096)
@@ -73,7 +73,7 @@ if [[ $quick -eq 1 ]]; then
   timeline_fp8_n=(4096)
   vs_cudnn=(--d 128 --n 4096 --causal 0 --rounds 2 --repeats 10)
   train_steps=50
-  rows_bench=$((2 * 2 * 21)) rows_fp8=5 rows_decode=$((3 * 4 * 3)) rows_bwd=$((2 * 2 * 4))
+  rows_bench=$((2 * 2 * 21)) rows_fp8=5 rows_decode=$((3 * 4 * 3)) rows_bwd=$((2 * 2 * 6))
   rows_peers=$((2 * 2 * 2)) rows_vs=2 rows_decode_peers=$((3 * 4 * 2)) rows_bwd_peers=$((2 * 2 * 2))
 fi
 peer_backends=(--backends flash,cudnn,efficient,math)
@@ -93,7 +93,7 @@ plan() { steps+=("$1"); est+=("$2"); }
 plan "bench: every rung on the sweep" $((rows_bench * row / 2 + 10))
 plan "fp8: the FP8 rungs and the accuracy table" $((rows_fp8 * row / 2 + ${#fp8_accuracy[@]} * 40 + 10))
 plan "decode: flash-decoding on the decode sweep; bandwidth vs bytes in flight" $((rows_decode / 2 + 10))
-plan "backward: 04, 05 and its ablations" $((rows_bwd * (${#bwd_check[@]} + 1) + 5))
+plan "backward: 04, 05 and its ablations, 06e, 06f" $((rows_bwd * (${#bwd_check[@]} + 1) + 5))
 plan "tile timeline: where a persistent CTA's time goes" $(((${#timeline_n[@]} + ${#timeline_fp8_n[@]}) * 3))
 plan "peers: PyTorch SDPA on the same sweep, decode and backward" \
   $((rows_peers * row / 2 + rows_decode_peers / 2 + rows_bwd_peers * 2 + 90))
@@ -179,7 +179,7 @@ build/bench/attn_bench --decode-sweep "${decode_nq[@]}" "${timing[@]}" --rungs 0
 build/bench/inflight_bw --csv "$out_dir/inflight.csv" >> "$out_dir/decode.log" 2>&1 || log "inflight_bw FAILED (see decode.log)"
 step "the paper sweep ${bwd_shape[*]}, FLOPs 2.5x the forward's"
 build/bench/attn_bench --backward --paper-sweep "${bwd_shape[@]}" "${timing[@]}" "${bwd_check[@]}" \
-  --rungs 04_fa1_tiled,05_fa2_reordered,05_fa2_dq_pass,05_fa2_bwd_warps_own_keys \
+  --rungs 04_fa1_tiled,05_fa2_reordered,05_fa2_dq_pass,05_fa2_bwd_warps_own_keys,06d_fa3,06f_bwd_dq_reduce \
   --csv "$out_dir/backward.csv" > "$out_dir/backward.log" 2>&1 || log "backward: some rows FAILED (see backward.log)"
 
 step "06d and FP8, d = 128, log $out_dir/tile_timeline.txt"
