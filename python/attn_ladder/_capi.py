@@ -228,9 +228,6 @@ def _load():
             ctypes.c_size_t,  # err_len
         ]
         lib.attn_decode_paged_async.restype = ctypes.c_int
-        lib.attn_decode_paged_check.argtypes = [ctypes.POINTER(_PagedProblem), ctypes.c_void_p, ctypes.c_void_p,
-                                                ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t]
-        lib.attn_decode_paged_check.restype = ctypes.c_int
     _lib = lib
     return lib
 
@@ -509,8 +506,8 @@ def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale
     [B, max_pages] int32 (sequence b's token n in page block_table[b, n // page_size]);
     seq_lens [B] int32 (0 <= seq_lens[b] <= max_pages * page_size). causal: query row i of
     sequence b sees key j iff j <= i + seq_lens[b] - Nq. o like q, lse fp32 [B, H, Nq]. A bad
-    length or page index is never read; its sequence's o is NaN, and, unless the current stream
-    is being captured (then nothing synchronizes), ValueError names it after the kernel ran.
+    length or page index is never read; its sequence's o is NaN. Nothing synchronizes: the
+    tables are checked on the host by attn_ladder.decode_paged before the run (ops.py).
     """
     _check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
     _check_scale(scale)
@@ -523,7 +520,7 @@ def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale
                             _DTYPE_CODES[q.dtype], float(scale or 0.0))
     o = torch.empty_like(q)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    err, need, checked = _err(), ctypes.c_size_t(0), ctypes.c_int(0)
+    err, need = _err(), ctypes.c_size_t(0)
     name = "05_fa2_decode (paged)"
 
     def launch():
@@ -535,11 +532,6 @@ def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale
                                                      v_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(),
                                                      o.data_ptr(), lse.data_ptr(), workspace.data_ptr(), need.value,
                                                      stream, err, _ERR_LEN), name, err)
-        rc = lib.attn_decode_paged_check(ctypes.byref(problem), workspace.data_ptr(), stream, ctypes.byref(checked),
-                                         err, _ERR_LEN)
-        if rc == _INVALID_INPUT:
-            raise ValueError("attn_ladder.decode_paged: " + err.value.decode(errors="replace"))
-        _raise_unless_ok(rc, name, err)
 
     _on_device(q.device, launch)
     return o, lse

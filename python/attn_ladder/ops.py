@@ -235,12 +235,12 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
 
 
 def _check_paged_tables(block_table, seq_lens, page_size, num_pages):
-    """Eagerly, before the C++ operator: the refusals its kernel would report after the run, in
-    its words (fa2_decode.h: paged_error_message). On an H200 (torch 2.11) the C++ operator's
-    ValueError after the kernel crashed the process (SIGSEGV), as its bad-scale refusal did
-    (see attention); the kernel still never reads a bad page, where this check is skipped (a
-    graph being captured, torch.compile). One synchronization, as the operator's own check.
-    block_table and seq_lens have passed _capi._check_paged_inputs."""
+    """Eagerly, before either operator: the refusals the kernel's error word would give after
+    the run (fa2_decode.h: paged_error_message), in its words, with one synchronization. The
+    operators themselves do not synchronize after the kernel (a C++ ValueError raised there
+    crashed the process on an H200 with torch 2.11, as the bad-scale one did: see attention);
+    where this check is skipped (a graph being captured, torch.compile) the kernel still never
+    reads a bad page. block_table and seq_lens have passed _capi._check_paged_inputs."""
     max_pages = block_table.shape[1]
     lens = seq_lens.to(torch.int64)
     used_pages = (lens.clamp(min=0) + page_size - 1) // page_size
@@ -281,13 +281,14 @@ def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    if _CPP_LIBRARY:
-        # The C++ operator's refusals made here first, in its words (see _check_paged_tables).
+    # Both operators refuse bad shapes themselves and never read a bad page (that sequence's o
+    # is NaN); a bad table or length is refused here, eagerly, before the run: the one place
+    # that reads the tables on the host (see _check_paged_tables).
+    if not torch.compiler.is_compiling():
         _capi._check_scale(scale)
-        if not torch.compiler.is_compiling():
-            _capi._check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
-            if not torch.cuda.is_current_stream_capturing():  # reading the tables synchronizes
-                _check_paged_tables(block_table, seq_lens, k_cache.shape[1], k_cache.shape[0])
+        _capi._check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+        if not torch.cuda.is_current_stream_capturing():  # reading the tables synchronizes
+            _check_paged_tables(block_table, seq_lens, k_cache.shape[1], k_cache.shape[0])
     try:
         o, lse = _decode_paged(q, k_cache, v_cache, block_table, seq_lens, bool(causal), float(scale))
     except RuntimeError as e:
