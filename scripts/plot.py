@@ -613,7 +613,8 @@ def main(argv=None):
     p.add_argument("--fp8", type=pathlib.Path, help="the FP8 run's CSV: fp8_vs_bf16.png from it alone")
     p.add_argument("--decode", type=pathlib.Path, nargs="+", help="the decode sweep's CSVs: decode_vs_nk.png from them alone")
     p.add_argument("--backward", type=pathlib.Path, nargs="+",
-                   help="the backward sweep's CSVs (attn_bench/peers.py --backward): backward_tflops_vs_n.png from them alone")
+                   help="the backward sweep's CSVs (attn_bench/peers.py --backward): <first CSV's name>_tflops_vs_n.png "
+                        "from them alone")
     p.add_argument("--decode-paged", type=pathlib.Path, nargs="+",
                    help="scripts/decode_bench.py's CSVs (contiguous and paged in CUDA graphs): decode_paged_vs_nk.png")
     p.add_argument("--inflight", type=pathlib.Path, help="build/bench/inflight_bw's CSV: inflight_bw.png from it alone")
@@ -642,7 +643,8 @@ def main(argv=None):
         plot_fp8_vs_bf16(fp8_rows, palette, out_dir)
     if args.backward:  # linked from 04's and 05's READMEs
         bwd_rows = load(args.backward)
-        plot_tflops_vs_n(bwd_rows, args.dtype, Palette(rung_order(bwd_rows)), out_dir, "backward_tflops_vs_n.png",
+        stem = args.backward[0].stem  # backward.csv (reproduce.sh) or a named sweep, e.g. backward_06.csv
+        plot_tflops_vs_n(bwd_rows, args.dtype, Palette(rung_order(bwd_rows)), out_dir, f"{stem}_tflops_vs_n.png",
                          "Attention backward (FLOPs 2.5x the forward's)")
     if args.decode:  # linked from 05_fa2_reordered/decode.md
         decode_rows = load(args.decode)
