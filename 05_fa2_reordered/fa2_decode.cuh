@@ -46,6 +46,7 @@ struct DecodeParams {
   const int* block_table;  // [B, max_pages]
   const int* seq_lens;     // [B]
   int Hkv, num_pages, page_size, max_pages;
+  int page_shift;          // log2(page_size) where page_size is a power of two, else -1
   PagedErrorWord* error;   // the workspace's head, zeroed by the launch
 };
 
@@ -71,25 +72,48 @@ __device__ __forceinline__ void mask_decode_tile(float (&S_ij)[Frag<Cfg>::kM][Fr
 }
 
 // cp.async keys [first_key, first_key + kRows) of KV head `head` of one sequence of the paged
-// cache into the K and V tiles, as load_tile does for a contiguous [Nk, d] matrix: each row
-// looks up its page once for both, key n at page `pages[n / page_size]`, slot n % page_size,
-// row stride Hkv * d. Keys at or past Nk are zero-filled and never read. The caller has
-// checked every page index it uses.
+// cache into the K and V tiles, as load_tile does for a contiguous [Nk, d] matrix: key n at
+// page pages[n / page_size], slot n % page_size, rows Hkv * d apart. Keys at or past Nk are
+// zero-filled and never read. The caller has checked every page index it uses.
+//
+// The address work runs in every warp, the one that computes included, once per block: in
+// the narrow tile that warp alone does the block's math, so what it adds here lengthens every
+// block. Hence two paths. A block in one page (page_size a power-of-two multiple of kRows;
+// first_key is a multiple of kRows): one block-table entry, then rows at a fixed stride as in
+// the contiguous copy. Otherwise a lookup per row, by shift and mask where page_size is a power
+// of two (page_shift >= 0), by division where not.
 template <class Cfg, int kRows, typename T>
 __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const DecodeParams<T>& p, const int* pages,
                                                  int head, int first_key, int Nk) {
   constexpr int kChunksPerRow = Cfg::kD / kChunkElems;
   constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
   static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
+  static_assert((kRows & (kRows - 1)) == 0, "a block of kRows keys fits a power-of-two page");
   const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
+  const int64_t row_stride = int64_t(p.Hkv) * Cfg::kD;
+  const int64_t column = int64_t(head) * Cfg::kD + chunk * kChunkElems;
+  if (p.page_shift >= 0 && (1 << p.page_shift) % kRows == 0 && first_key + kRows <= Nk) {
+    const int64_t row0 = (int64_t(__ldg(pages + (first_key >> p.page_shift))) << p.page_shift) +
+                         (first_key & ((1 << p.page_shift) - 1)) + r0;
+    const T* k = p.k + row0 * row_stride + column;
+    const T* v = p.v + row0 * row_stride + column;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+      const int dst = tile_offset<Cfg>(r0 + pass * kRowsPerPass, chunk);
+      ptx::cp_async_16(ptx::smem_u32(k_tile + dst), k + pass * kRowsPerPass * row_stride, true);
+      ptx::cp_async_16(ptx::smem_u32(v_tile + dst), v + pass * kRowsPerPass * row_stride, true);
+    }
+    return;
+  }
 #pragma unroll
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const int row = r0 + pass * kRowsPerPass, key = first_key + row;
     const bool valid = key < Nk;
     int64_t offset = 0;
     if (valid) {
-      const int page = __ldg(pages + key / p.page_size), slot = key % p.page_size;
-      offset = ((int64_t(page) * p.page_size + slot) * p.Hkv + head) * Cfg::kD + chunk * kChunkElems;
+      const int entry = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+      const int slot = key - entry * p.page_size;
+      offset = (int64_t(__ldg(pages + entry)) * p.page_size + slot) * row_stride + column;
     }
     const int dst = tile_offset<Cfg>(row, chunk);
     ptx::cp_async_16(ptx::smem_u32(k_tile + dst), p.k + offset, valid);
@@ -352,6 +376,7 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const PagedK
     prm.seq_lens = kv->seq_lens;
     prm.num_pages = kv->num_pages;
     prm.page_size = kv->page_size;
+    prm.page_shift = (kv->page_size & (kv->page_size - 1)) == 0 ? __builtin_ctz(unsigned(kv->page_size)) : -1;
     prm.max_pages = kv->max_pages;
     prm.error = static_cast<PagedErrorWord*>(t.workspace);
     CUDA_CHECK(cudaMemsetAsync(prm.error, 0, sizeof(PagedErrorWord), stream));

@@ -189,6 +189,11 @@ std::vector<PagedShape> paged_shapes() {
   shapes.push_back({64, 4, false, 128, DType::bf16});
   shapes.push_back({16, 4, true, 64, DType::fp16});
   shapes.push_back({48, 1, false, 64, DType::bf16});  // a page size no power of two
+  // load_paged_tiles' paths: a block in one page (64, 256, 128), a lookup per row by shift
+  // (16, 1) or by division (48, 96: one block spans two pages)
+  shapes.push_back({128, 1, false, 128, DType::fp16});
+  shapes.push_back({96, 4, true, 128, DType::bf16});
+  shapes.push_back({1, 1, true, 64, DType::bf16});
   return shapes;
 }
 
