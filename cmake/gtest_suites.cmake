@@ -1,4 +1,4 @@
-# attn_add_gtest_suites(<target> [TIMEOUT <seconds>])
+# attn_add_gtest_suites(<target> [TIMEOUT <seconds>] [RESOURCE_LOCK <name>])
 #
 # One CTest entry per GoogleTest suite of <target>, named <target>.<suite> and running
 # `<target> --gtest_filter=<suite>.*`; the suites are listed (--gtest_list_tests) when ctest
@@ -12,12 +12,15 @@
 # skip win over a failing exit code (a grouped suite would hide its failures), and CMake 4
 # writes a bracket in the pattern as a bracket argument that closes early.
 #
+# RESOURCE_LOCK: CTest runs no two tests holding the same name at once (the GPU tests hold
+# "gpu", so that a parallel ctest overlaps them with CPU-only tests, never with each other).
+#
 # tests/ctest_skip/ is a small project that uses this function on a passing, a skipping and
 # a failing suite; .ci/run checks what CTest reports for each with CMake 3 and 4.
 set(attn_gtest_suites_script ${CMAKE_CURRENT_LIST_DIR}/gtest_suites_add.cmake)
 
 function(attn_add_gtest_suites target)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "TIMEOUT" "")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "TIMEOUT;RESOURCE_LOCK" "")
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT 1500)
   endif()
@@ -26,6 +29,7 @@ function(attn_add_gtest_suites target)
 "set(attn_exe [==[$<TARGET_FILE:${target}>]==])
 set(attn_target [==[${target}]==])
 set(attn_timeout ${arg_TIMEOUT})
+set(attn_lock [==[${arg_RESOURCE_LOCK}]==])
 set(attn_workdir [==[${CMAKE_CURRENT_BINARY_DIR}]==])
 include([==[${attn_gtest_suites_script}]==])
 ")

@@ -1,5 +1,6 @@
 # Run by ctest (through the include file attn_add_gtest_suites() writes): adds one test per
-# GoogleTest suite of ${attn_exe}. Inputs: attn_exe, attn_target, attn_timeout, attn_workdir.
+# GoogleTest suite of ${attn_exe}. Inputs: attn_exe, attn_target, attn_timeout, attn_workdir,
+# attn_lock (a RESOURCE_LOCK name, or empty).
 if(NOT EXISTS "${attn_exe}")
   # Not built: one test that fails and says so, rather than no tests at all.
   add_test("${attn_target}_NOT_BUILT" "${attn_target}_NOT_BUILT")
@@ -25,6 +26,9 @@ foreach(line IN LISTS lines)
     add_test("${attn_target}.${suite}" "${attn_exe}" "--gtest_filter=${suite}.*")
     set_tests_properties("${attn_target}.${suite}" PROPERTIES
                          SKIP_RETURN_CODE 77 TIMEOUT ${attn_timeout} WORKING_DIRECTORY "${attn_workdir}")
+    if(attn_lock)
+      set_tests_properties("${attn_target}.${suite}" PROPERTIES RESOURCE_LOCK "${attn_lock}")
+    endif()
   endif()
 endforeach()
 if(NOT suites)
