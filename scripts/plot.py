@@ -29,8 +29,11 @@ and with --inflight CSV (build/bench/inflight_bw), from it alone:
                          with the device copy's read rate and the decode model's bytes in flight
 and with --decode-paged CSV (scripts/decode_bench.py), from it alone:
   decode_paged_vs_nk.png as decode_vs_nk.png, for the contiguous and paged rows and their peers
-The bench CSVs (positional) may be left out when only --decode, --decode-paged, --backward or
---inflight is given.
+and with --train-step CSV (scripts/train_step_bench.py), from it alone:
+  train_step.png         time of one whole training step per attention, one group per model
+                         shape, each bar's speed relative to SDPA cuDNN above it
+The bench CSVs (positional) may be left out when only --decode, --decode-paged, --backward,
+--inflight or --train-step is given.
 With --readme FILE, rewrites the text between <!-- results:begin --> and
 <!-- results:end --> with a TFLOPS table (rung x N, d = 128, non-causal) and links to
 the images, relative to the README. Missing data skips that series; it never crashes.
@@ -604,6 +607,43 @@ def plot_inflight(path, out_dir):
     return save(fig, out_dir, "inflight_bw.png")
 
 
+def plot_train_step(path, out_dir):
+    """Step time per attention implementation (scripts/train_step_bench.py), grouped by shape."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, axes = new_figure()
+    ax = axes[0][0]
+    if not rows:
+        no_data(ax, "train_step rows")
+    width = 0.8 / max(len(impls), 1)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, impl in enumerate(impls):
+        for j, shape in enumerate(shapes):
+            r = next((r for r in rows if r["impl"] == impl and r["shape"] == shape), None)
+            base = next((float(b["step_ms_median"]) for b in rows if b["impl"] == "sdpa_cudnn" and b["shape"] == shape), None)
+            if r is None:
+                continue
+            ms = float(r["step_ms_median"])
+            x = j + (i - (len(impls) - 1) / 2) * width
+            ax.bar(x, ms, width, color=colors[i % len(colors)], hatch="//" if impl.startswith("sdpa") else None,
+                   edgecolor="white", label=impl if j == 0 else None)
+            if base:
+                ax.annotate(f"{base / ms:.2f}x", (x, ms), ha="center", va="bottom", fontsize=8)
+    labels = []
+    for shape in shapes:
+        r = next(r for r in rows if r["shape"] == shape)
+        labels.append(f"{r['layers']} layers, d_model {r['d_model']}, {r['heads']} heads\nB {r['B']}, T {r['T']}")
+    ax.set_xticks(range(len(shapes)), labels)
+    ax.set_ylabel("one training step (ms, median)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    gpu = rows[0]["gpu"] if rows else ""
+    fig.suptitle(f"Whole training steps, bf16, forward + backward (above each bar: speed vs SDPA cuDNN)\n{gpu}")
+    return save(fig, out_dir, "train_step.png")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("csv", nargs="*", type=pathlib.Path, help="bench and/or peers CSV files")
@@ -618,11 +658,12 @@ def main(argv=None):
     p.add_argument("--decode-paged", type=pathlib.Path, nargs="+",
                    help="scripts/decode_bench.py's CSVs (contiguous and paged in CUDA graphs): decode_paged_vs_nk.png")
     p.add_argument("--inflight", type=pathlib.Path, help="build/bench/inflight_bw's CSV: inflight_bw.png from it alone")
+    p.add_argument("--train-step", type=pathlib.Path, help="scripts/train_step_bench.py's CSV: train_step.png from it alone")
     args = p.parse_args(argv)
-    if not (args.csv or args.decode or args.backward or args.inflight or args.decode_paged):
-        p.error("give bench/peers CSVs, or --decode, --decode-paged, --backward or --inflight")
+    if not (args.csv or args.decode or args.backward or args.inflight or args.decode_paged or args.train_step):
+        p.error("give bench/peers CSVs, or --decode, --decode-paged, --backward, --inflight or --train-step")
     extra = [*([args.fp8] if args.fp8 else []), *(args.decode or []), *(args.backward or []), *(args.decode_paged or []),
-             *([args.inflight] if args.inflight else [])]
+             *([args.inflight] if args.inflight else []), *([args.train_step] if args.train_step else [])]
     missing = [str(c) for c in [*args.csv, *extra] if not c.is_file()]
     if missing:
         sys.exit(f"plot.py: no such CSV: {', '.join(missing)}")
@@ -654,6 +695,8 @@ def main(argv=None):
         plot_decode(paged_rows, Palette(rung_order(paged_rows)), out_dir, "decode_paged_vs_nk.png")
     if args.inflight:  # linked from 05_fa2_reordered/decode.md
         plot_inflight(args.inflight, out_dir)
+    if args.train_step:  # linked from 06_fa3_hopper/06e_bwd.md
+        plot_train_step(args.train_step, out_dir)
     if args.readme and args.csv:
         rewrite_readme(args.readme, results_markdown(rows, args.dtype, palette, images, args.readme))
     return 0

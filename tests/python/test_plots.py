@@ -105,6 +105,18 @@ def main():
         path = tmp / "dec" / DECODE_PNG
         check(path.is_file() and path.stat().st_size > 0, f"decode rows: {DECODE_PNG} written and non-empty")
 
+        print("training steps (scripts/train_step_bench.py's columns):")
+        steps = tmp / "train_step.csv"
+        steps.write_text("gpu,shape,layers,d_model,heads,B,T,impl,step_ms_median\n"
+                         "Some GPU,s1,2,256,4,16,256,ladder_05_fa2_reordered,5.0\n"
+                         "Some GPU,s1,2,256,4,16,256,sdpa_cudnn,4.0\n"
+                         "Some GPU,s2,2,256,4,16,512,sdpa_cudnn,9.0\n")
+        run = plot("--out", tmp / "steps", "--train-step", steps)
+        check(run.returncode == 0, f"train steps: plot.py exits 0 (stderr: {run.stderr.strip()[-500:]})")
+        path = tmp / "steps" / "train_step.png"
+        check(path.is_file() and path.stat().st_size > 0, "train steps: train_step.png written and non-empty")
+        check(not (tmp / "steps" / "tflops_vs_n.png").exists(), "--train-step alone draws nothing else")
+
         print("header-only CSV:")
         empty = tmp / "empty.csv"
         empty.write_text(SAMPLE.read_text().splitlines()[0] + "\n")
