@@ -402,14 +402,15 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     gemm_dq<Cfg, T, D>(dQ, dST, K_wg);
     wgmma_wait<0>();
     pin_registers(dQ);
-    // line 14's add: the last step's reduction has read the buffer (its issuer waits, the
-    // barrier tells the others), dQ_i in, visible to the copy engine (async proxy), one add.
+    // line 14's add, through this warpgroup's buffer dq_buf.  LAB:BEGIN 06bwd.dq_add
+    // The last step's reduction has read the buffer (its issuer waits, the barrier tells
+    // the others), dQ_i in, visible to the copy engine (async proxy), one add.
     if (issuer) bulk_wait_group_read<0>();
     named_barrier_sync(bar, Cfg::kWgThreads);
     store_dq<Cfg, D>(dq_buf, dQ);
     fence_proxy_async_shared();
     named_barrier_sync(bar, Cfg::kWgThreads);
-    if (issuer) reduce_dq<D>(dq_buf, p, at.bh, query0, Cfg::B_r);
+    if (issuer) reduce_dq<D>(dq_buf, p, at.bh, query0, Cfg::B_r);  // LAB:END
   }
   store_dkv<Cfg, D>(dK, dV, p, w, wg_key0);  // line 17
   if (issuer) bulk_wait_group<0>();  // the adds are done before the CTA's shared memory goes
