@@ -13,7 +13,8 @@
 #              carries), JIT-compiled on this GPU; TESTS_ONLY=1 stops there
 #   --quick    every plot and lesson table from fewer rows: d = 128, N in {1024, 4096}, fewer
 #              timed runs, the decode sweep at one query row, no fp64 check of the backward,
-#              50 training steps (about 3 minutes on an H100/H200 after the build)
+#              50 training steps, no whole-step timing of the two 4-layer models
+#              (about 3 minutes on an H100/H200 after the build)
 #   --dry-run  print the steps and their estimated times, run nothing (needs no GPU)
 #
 # Needs an NVIDIA GPU (the reference numbers are from an H100/H200), CMake >= 3.25,
@@ -98,7 +99,10 @@ plan "tile timeline: where a persistent CTA's time goes" $(((${#timeline_n[@]} +
 plan "peers: PyTorch SDPA on the same sweep, decode and backward" \
   $((rows_peers * row / 2 + rows_decode_peers / 2 + rows_bwd_peers * 2 + 90))
 plan "vs_cudnn: 06d and cuDNN in turns" $((rows_vs + 10))
-plan "training: a 2-layer LM, 05 against SDPA" $((train_steps / 5 + 15))
+train_step_s=0  # full run only: whole training steps of two larger models, 06d and 05 against SDPA
+[[ $quick -eq 0 ]] && train_step_s=40
+plan "training: a 2-layer LM, 05 against SDPA$([[ $quick -eq 0 ]] && echo '; whole steps of two 4-layer models')" \
+  $((train_steps / 5 + 15 + train_step_s))
 plan "plots and the lessons' tables" 25
 
 total=0
@@ -208,6 +212,11 @@ if python3 -c 'import torch' 2>/dev/null; then
   step "$train_steps steps, train_loss.csv, train_loss.png"
   ATTN_LADDER_LIB=build/libattn_ladder.so python3 scripts/train_compare.py --steps "$train_steps" --out "$out_dir" ||
     log "training FAILED"
+  if [[ $quick -eq 0 ]]; then
+    [[ -f $out_dir/train_step.csv ]] && mv "$out_dir/train_step.csv" "$out_dir/train_step.csv.prev"
+    ATTN_LADDER_LIB=build/libattn_ladder.so python3 scripts/train_step_bench.py --csv "$out_dir/train_step.csv" ||
+      log "train_step_bench FAILED"
+  fi
 else
   step_index=$((step_index + 3))
   log "peers, vs_cudnn, training: skipped, python3 cannot import torch"
@@ -220,6 +229,7 @@ extra=()  # fp8_vs_bf16.png, decode_vs_nk.png, backward_tflops_vs_n.png: each fr
 [[ -s $out_dir/backward.csv ]] && extra+=(--backward "$out_dir/backward.csv" $(ls "$out_dir"/backward_peers.csv 2>/dev/null))
 [[ -s $out_dir/decode_paged.csv ]] && extra+=(--decode-paged "$out_dir/decode_paged.csv")
 [[ -s $out_dir/inflight.csv ]] && extra+=(--inflight "$out_dir/inflight.csv")
+[[ -s $out_dir/train_step.csv ]] && extra+=(--train-step "$out_dir/train_step.csv")
 if python3 -c 'import matplotlib' 2>/dev/null; then
   python3 scripts/plot.py "${csvs[@]}" "${extra[@]}" --out "$out_dir"
 else
