@@ -14,7 +14,7 @@ if(Python3_FOUND)
   string(REPLACE ";" "," lab_ci_arch "${CMAKE_CUDA_ARCHITECTURES}")
   add_test(NAME lab_stubs COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/scripts/lab.py ci --skip-with-gpu
                                   --work ${PROJECT_BINARY_DIR}/lab-ci --arch ${lab_ci_arch})
-  set_tests_properties(lab_verify lab_audit lab_stubs PROPERTIES LABELS lab)
+  set_tests_properties(lab_verify lab_audit lab_stubs PROPERTIES LABELS lab RESOURCE_LOCK lab)  # one work folder
   # On a GPU machine lab_stubs skips (scripts/lab.py selftest builds and grades there).
   set_tests_properties(lab_stubs PROPERTIES TIMEOUT 1800 SKIP_RETURN_CODE 77)
 endif()

@@ -58,20 +58,24 @@ def markov_text(tokens, seed):
 
 
 class Block(torch.nn.Module):
-    def __init__(self, attend):
+    """A pre-norm block: LayerNorm, qkv projection, causal attention by `attend` on bfloat16
+    q, k, v [B, H, T, d], output projection, LayerNorm, GELU MLP of 4 d_model. The rest runs in
+    the activations' dtype. scripts/train_step_bench.py builds its larger models from it."""
+
+    def __init__(self, attend, d_model=D_MODEL, heads=HEADS):
         super().__init__()
-        self.attend = attend
-        self.ln1, self.ln2 = torch.nn.LayerNorm(D_MODEL), torch.nn.LayerNorm(D_MODEL)
-        self.qkv = torch.nn.Linear(D_MODEL, 3 * D_MODEL, bias=False)
-        self.proj = torch.nn.Linear(D_MODEL, D_MODEL, bias=False)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(D_MODEL, 4 * D_MODEL), torch.nn.GELU(),
-                                       torch.nn.Linear(4 * D_MODEL, D_MODEL))
+        self.attend, self.heads = attend, heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d_model), torch.nn.LayerNorm(d_model)
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = torch.nn.Linear(d_model, d_model, bias=False)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d_model, 4 * d_model), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d_model, d_model))
 
     def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, HEADS, D_MODEL // HEADS).permute(2, 0, 3, 1, 4)
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         o = self.attend(*(t.to(torch.bfloat16).contiguous() for t in (q, k, v)))
-        x = x + self.proj(o.float().transpose(1, 2).reshape(B, T, D_MODEL))
+        x = x + self.proj(o.to(x.dtype).transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.ln2(x))
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
 import attn_ladder  # noqa: E402
+from train_compare import Block, ladder_attention  # noqa: E402  (the same pre-norm block)
 
 SHAPES = {  # name: (layers, d_model, heads, batch, tokens)
     "2048x16h_B4_T4k": (4, 2048, 16, 4, 4096),
@@ -36,37 +37,15 @@ SHAPES = {  # name: (layers, d_model, heads, batch, tokens)
 }
 
 
-class Block(torch.nn.Module):
-    def __init__(self, d_model, heads, attend):
-        super().__init__()
-        self.heads, self.attend = heads, attend
-        self.ln1, self.ln2 = torch.nn.LayerNorm(d_model), torch.nn.LayerNorm(d_model)
-        self.qkv = torch.nn.Linear(d_model, 3 * d_model, bias=False)
-        self.proj = torch.nn.Linear(d_model, d_model, bias=False)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(d_model, 4 * d_model), torch.nn.GELU(),
-                                       torch.nn.Linear(4 * d_model, d_model))
-
-    def forward(self, x):
-        B, T, D = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        o = self.attend(q.contiguous(), k.contiguous(), v.contiguous())  # [B, H, T, d]
-        x = x + self.proj(o.transpose(1, 2).reshape(B, T, D))
-        return x + self.mlp(self.ln2(x))
-
-
 class Model(torch.nn.Module):
     def __init__(self, layers, d_model, heads, attend):
         super().__init__()
-        self.blocks = torch.nn.ModuleList(Block(d_model, heads, attend) for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(Block(attend, d_model, heads) for _ in range(layers))
 
     def forward(self, x):
         for block in self.blocks:
             x = block(x)
         return x
-
-
-def ladder(rung):
-    return lambda q, k, v: attn_ladder.attention(q, k, v, rung=rung, causal=True)
 
 
 def sdpa(backend):
@@ -114,7 +93,7 @@ def main(argv=None):
     for rung in rungs:
         if not attn_ladder.has_backward(rung, 128):
             sys.exit(f"train_step_bench: rung '{rung}' has no backward pass at d = 128")
-    impls = [(f"ladder_{r}", ladder(r)) for r in rungs] + [(f"sdpa_{b}", sdpa(b)) for b in args.peers.split(",") if b]
+    impls = [(f"ladder_{r}", ladder_attention(r)) for r in rungs] + [(f"sdpa_{b}", sdpa(b)) for b in args.peers.split(",") if b]
     gpu = torch.cuda.get_device_name()
     rows = []
     for name in args.shapes.split(","):

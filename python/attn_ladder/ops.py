@@ -261,6 +261,7 @@ def _check_paged_tables(block_table, seq_lens, page_size, num_pages):
     raise ValueError(f"bad paged KV cache: block_table[{b}][{j}] = {int(block_table[b, j])} is not a page index "
                      f"in [0, {num_pages}){tail}")
 
+
 def decode_paged(q, k_cache, v_cache, block_table, seq_lens, causal=False, scale=None, return_lse=False):
     """One decode step from a paged KV cache, as the operator attn_ladder::decode_paged.
 

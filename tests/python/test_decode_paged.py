@@ -5,7 +5,6 @@ torch.library.opcheck, torch.compile(fullgraph=True) and a CUDA graph replayed w
 bad block tables and lengths raise ValueError. Skips without torch, a CUDA GPU or the library.
 """
 
-import math
 import pathlib
 import sys
 
@@ -19,6 +18,7 @@ import attn_ladder  # noqa: E402
 
 if not attn_ladder.library_path().is_file():
     pytest.skip(f"libattn_ladder.so not built ({attn_ladder.library_path()})", allow_module_level=True)
+from test_op import reference  # noqa: E402  (fp64, the ladder's conventions; pytest puts tests/python on the path)
 
 
 def paged_batch(lens, page_size=16, H=8, Hkv=2, Nq=4, d=128, dtype=torch.bfloat16, seed=0):
@@ -44,22 +44,9 @@ def paged_batch(lens, page_size=16, H=8, Hkv=2, Nq=4, d=128, dtype=torch.bfloat1
     return q, k_cache, v_cache, table.cuda(), seq_lens, seqs
 
 
-def reference(q, k, v, causal):
-    """fp64 attention of one sequence: q [H, Nq, d], k, v [Hkv, n, d]; empty rows 0."""
-    rep = q.shape[0] // k.shape[0]
-    k, v = (t.double().repeat_interleave(rep, dim=0) for t in (k, v))
-    s = q.double() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        Nq, Nk = q.shape[1], k.shape[1]
-        i = torch.arange(Nq, device="cuda")[:, None]
-        j = torch.arange(Nk, device="cuda")[None, :]
-        s = s.masked_fill(j > i + (Nk - Nq), float("-inf"))
-    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v
-
-
 def expect_close(o, q, seqs, causal):
     for b, (k, v) in enumerate(seqs):
-        ref = reference(q[b], k, v, causal)
+        ref = reference(q[b][None], k[None], v[None], causal)[0]  # test_op's, on a batch of one
         err = ((o[b].double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
         assert err <= 1e-2 or ref.norm() == 0, f"sequence {b}: relative error {err}"
 
