@@ -113,5 +113,17 @@ namespace step06f {
 template <int D, typename T>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
 }
+// 06f with one bulk add per CTA and step: the two warpgroups' dQ_i summed in shared memory
+// first (06g_bwd_one_dq_add.cuh). The same tiles, grid and workspace.
+namespace step06g {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
+// 06g with dQ_i split between the warpgroups by columns over all 128 keys, not summed
+// (06h_bwd_dq_columns.cuh). The same tiles, grid and workspace.
+namespace step06h {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
 
 }  // namespace attn::fa3

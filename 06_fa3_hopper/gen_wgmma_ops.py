@@ -9,7 +9,7 @@ transpose flags.
 Run from this directory:  python3 gen_wgmma_ops.py > wgmma_ops.cuh
 """
 
-N_VALUES = (64, 80, 128, 176, 256)  # B_c of S = Q Kᵀ and d of O += P V
+N_VALUES = (32, 64, 80, 128, 176, 256)  # B_c of S = Q Kᵀ, d of O += P V; 32: half of dQ_i at d = 64 (06h)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 # The FP8 path: B_c = 128 or 192 for S = Q Kᵀ; d = 64, 128 or 256 for O += P V, and d + 8 where
 # P V also sums P's rows (the row-sum column, Fp8Layout::kRowSumColumn).

@@ -118,9 +118,13 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
   return s;
 }
 
-// The backward steps of 06d (06e_bwd_wgmma.cuh; 06f_bwd_dq_reduce.cuh: kBulkReduce) for the
-// head dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
-template <bool kBulkReduce>
+// The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
+// 06h_bwd_dq_columns.cuh)
+// for the head dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
+enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns };
+// What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
+constexpr BwdStep kBackwardOf06d = BwdStep::g_bulk_per_cta;
+template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
   if (s.backward_head_dims.empty()) return;  // a lab build without them
@@ -131,16 +135,19 @@ void add_backward_06(Stage& s) {
     return "";
   };
   s.backward_workspace_bytes = [](const AttnProblem& p) { return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics); };
-  // 06e and 06f move the same bytes (06f changes who adds dQ_i, not how much).
+  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g and 06h one.
   s.model_backward_hbm_bytes = [](const AttnProblem& p) {
-    return hbm::fa2_backward_bytes(p, fa3::step06e::kBwdRowsPerStep, fa3::step06e::kBwdKeysPerCta);
+    constexpr int kDqAdds = kStep == BwdStep::e_atomics || kStep == BwdStep::f_bulk_per_warpgroup ? 2 : 1;
+    return hbm::fa2_backward_bytes(p, fa3::step06e::kBwdRowsPerStep, fa3::step06e::kBwdKeysPerCta, kDqAdds);
   };
   s.launch_backward = [](const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
     using LaunchFn = void (*)(const AttnProblem&, const AttnBwdTensors&, cudaStream_t);
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
       constexpr int D = decltype(dim)::value;
       using T = typename decltype(type)::type;
-      if constexpr (kBulkReduce) return &fa3::step06f::launch_backward<D, T>;
+      if constexpr (kStep == BwdStep::h_dq_columns) return &fa3::step06h::launch_backward<D, T>;
+      else if constexpr (kStep == BwdStep::g_bulk_per_cta) return &fa3::step06g::launch_backward<D, T>;
+      else if constexpr (kStep == BwdStep::f_bulk_per_warpgroup) return &fa3::step06f::launch_backward<D, T>;
       else return &fa3::step06e::launch_backward<D, T>;
     })(p, t, stream);
   };
@@ -237,10 +244,14 @@ Fp8E4m3LaunchFn fp8_e4m3_launch_for(int d) {
 }  // namespace fa3
 
 std::vector<Stage> fa3_stages() {
-  // 06d_fa3's backward is 06e's kernel; 06f_bwd_dq_reduce runs 06d's forward and 06f's.
-  auto with_backward = [](Stage s, bool bulk_reduce) {
-    if (bulk_reduce) add_backward_06<true>(s);
-    else add_backward_06<false>(s);
+  // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
+  // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add and 06h_bwd_dq_columns run 06d's
+  // forward and their own backward, each checked against the step before it.
+  auto with_backward = [](Stage s, BwdStep step) {
+    if (step == BwdStep::h_dq_columns) add_backward_06<BwdStep::h_dq_columns>(s);
+    else if (step == BwdStep::g_bulk_per_cta) add_backward_06<BwdStep::g_bulk_per_cta>(s);
+    else if (step == BwdStep::f_bulk_per_warpgroup) add_backward_06<BwdStep::f_bulk_per_warpgroup>(s);
+    else add_backward_06<BwdStep::e_atomics>(s);
     return s;
   };
   auto launch_06a = [](auto dim, auto type) {
@@ -277,10 +288,20 @@ std::vector<Stage> fa3_stages() {
                                         fa3::block_rows, fa3::block_cols, launch_06d2),
       with_backward(stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
                                           "persistent CTAs: the producer loads the next tile while the consumers finish"),
-                    /*bulk_reduce=*/false),
-      with_backward(stage_06d<persistent>("06f_bwd_dq_reduce", "06d_fa3",
+                    kBackwardOf06d),
+      // The backward's steps, each with 06d's forward: 06e, 06f, 06g, 06h.
+      with_backward(stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
+                                          "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics"),
+                    BwdStep::e_atomics),
+      with_backward(stage_06d<persistent>("06f_bwd_dq_reduce", "06e_bwd_wgmma",
                                           "06d whose backward adds dQ by TMA bulk reductions (06f), not per-thread reds"),
-                    /*bulk_reduce=*/true),
+                    BwdStep::f_bulk_per_warpgroup),
+      with_backward(stage_06d<persistent>("06g_bwd_one_dq_add", "06f_bwd_dq_reduce",
+                                          "06f with one dQ add per CTA and step: the warpgroups' halves summed in shared memory"),
+                    BwdStep::g_bulk_per_cta),
+      with_backward(stage_06d<persistent>("06h_bwd_dq_columns", "06g_bwd_one_dq_add",
+                                          "06g with dQ split by columns between the warpgroups, over all 128 keys: no partial sums"),
+                    BwdStep::h_dq_columns),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
       // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
       // the pairs' code to 06d's (kCtaPairs).

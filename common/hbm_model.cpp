@@ -75,7 +75,7 @@ double fa2_bytes(const AttnProblem& p, int Br, int Bc) {
   return heads(p) * per_head;
 }
 
-double fa2_backward_bytes(const AttnProblem& p, int Br, int Bc) {
+double fa2_backward_bytes(const AttnProblem& p, int Br, int Bc, int dq_adds) {
   const double E = e(p), d = p.d;
   double step_rows = 0;  // per query head: rows of every visible (Q block, K/V block) pair
   for (int64_t i0 = 0; i0 < p.Nq; i0 += Br) {
@@ -85,7 +85,7 @@ double fa2_backward_bytes(const AttnProblem& p, int Br, int Bc) {
   const double kv_heads = double(p.B) * p.Hkv;
   const double pre = heads(p) * p.Nq * (2.0 * E * d /* O, dO */ + 4.0 /* D */ + 4.0 * d /* dQ_acc = 0 */);
   const double kv = kv_heads * p.Nk * d * E * 4.0;  // K_j, V_j read, dK_j, dV_j written, once each
-  const double steps = heads(p) * step_rows * (2.0 * E * d /* Q_i, dO_i */ + 8.0 /* L_i, D_i */ + 8.0 * d /* dQ_acc += */);
+  const double steps = heads(p) * step_rows * (2.0 * E * d /* Q_i, dO_i */ + 8.0 /* L_i, D_i */ + 8.0 * d * dq_adds /* dQ_acc += */);
   const double post = heads(p) * p.Nq * d * (4.0 + E);  // dQ_acc read, dQ written
   return pre + kv + steps + post;
 }

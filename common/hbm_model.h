@@ -55,7 +55,8 @@ double fa2_bytes(const AttnProblem& p, int Br, int Bc);
 // rows, K/V block) pair of each query head of its group reads Q_i, dO_i, L_i, D_i and adds
 // its dQ_i partial to the accumulator (fp32 read + write, counted at HBM: an upper bound,
 // since L2 absorbs part of the atomics); a post-pass reads the accumulator and writes dQ.
-double fa2_backward_bytes(const AttnProblem& p, int Br, int Bc);
+// dq_adds: partials of one dQ_i added per pair (06e, 06f: one per consumer warpgroup, 2).
+double fa2_backward_bytes(const AttnProblem& p, int Br, int Bc, int dq_adds = 1);
 
 // 05_fa2_decode (flash-decoding): each (batch, KV head) streams its K and V once per block
 // of packed rows (the group = H / Hkv query heads that share it, Nq rows each; row_blocks = 1

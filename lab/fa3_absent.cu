@@ -109,6 +109,32 @@ template void keep_06d(HeadDims);
 #error "a lab builds 06d_fa3 and 06d_cta_pairs together or neither (lab/exercises.json: fa3_kernels)"
 #endif
 
+// 06g's backward, where a lab builds 06e and 06f (the backward head dims) but not 06g.
+#ifndef LAB_BUILT_06g_bwd_one_dq_add
+namespace step06g {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06g_bwd_one_dq_add"); }
+}  // namespace step06g
+template <int... Ds>
+void keep_06g(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06g::launch_backward<Ds, __nv_bfloat16>), keep(&step06g::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06g(BwdHeadDims);
+#endif
+
+// 06h's backward, likewise.
+#ifndef LAB_BUILT_06h_bwd_dq_columns
+namespace step06h {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06h_bwd_dq_columns"); }
+}  // namespace step06h
+template <int... Ds>
+void keep_06h(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06h::launch_backward<Ds, __nv_bfloat16>), keep(&step06h::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06h(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

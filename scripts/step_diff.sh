@@ -39,9 +39,12 @@ declare -A file06=(
   [fp8h]=fp8h_fa3.cuh
   [06e]=06e_bwd_wgmma.cuh
   [06f]=06f_bwd_dq_reduce.cuh
+  [06g]=06g_bwd_one_dq_add.cuh
+  [06h]=06h_bwd_dq_columns.cuh
 )
-# The backward of 06d (06e_bwd.md) climbs in its own chain: 06e, then 06f's dQ reduction.
-steps06bwd=(06e 06f)
+# The backward of 06d (06e_bwd.md) climbs in its own chain: 06e, then 06f's dQ reduction,
+# then 06g's one reduction per CTA, then 06h's dQ split by columns.
+steps06bwd=(06e 06f 06g 06h)
 
 # ---- pairs allowed past the budget, "from->to" -> reason (none at present)
 declare -A exceptions=()

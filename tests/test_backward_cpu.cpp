@@ -244,10 +244,17 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_TRUE(find_stage("04_fa1_tiled").has_backward());
   EXPECT_TRUE(find_stage("05_fa2_reordered").has_backward());
   EXPECT_FALSE(find_stage("05_fa2_decode").has_backward());  // copies of 05 stay forward only
-  // 06d_fa3's backward (06e_bwd_wgmma.cuh) and 06f's at d = 64 and 128; 06d's ablations stay
-  // forward only.
+  // 06d_fa3's backward (the last step's kernel), 06e's, 06f's, 06g's and 06h's at d = 64 and 128,
+  // chained 06e -> 06f -> 06g -> 06h; 06d's ablations stay forward only.
   EXPECT_EQ(find_stage("06d_fa3").backward_head_dims, (std::vector<int>{64, 128}));
+  EXPECT_EQ(find_stage("06e_bwd_wgmma").backward_head_dims, (std::vector<int>{64, 128}));   // 06e
+  EXPECT_EQ(find_stage("06e_bwd_wgmma").prev, "06d_fa3");
+  EXPECT_EQ(find_stage("06f_bwd_dq_reduce").prev, "06e_bwd_wgmma");
+  EXPECT_EQ(find_stage("06g_bwd_one_dq_add").prev, "06f_bwd_dq_reduce");
+  EXPECT_EQ(find_stage("06h_bwd_dq_columns").prev, "06g_bwd_one_dq_add");
+  EXPECT_EQ(find_stage("06h_bwd_dq_columns").backward_head_dims, (std::vector<int>{64, 128}));  // 06h
   EXPECT_EQ(find_stage("06f_bwd_dq_reduce").backward_head_dims, (std::vector<int>{64, 128}));  // 06f
+  EXPECT_EQ(find_stage("06g_bwd_one_dq_add").backward_head_dims, (std::vector<int>{64, 128}));  // 06g
   EXPECT_FALSE(find_stage("06d_one_tile_per_cta").has_backward());
   EXPECT_GE(with, 2);
   p.d = 256;

@@ -224,6 +224,9 @@ TEST(HbmModel, Fa2BackwardReadsKvOncePerKvHeadAndQiOncePerPair) {
   // Causal: the Q blocks of rows 0-63 and 64-127 see K/V block 0 only, 128-255 both.
   p.causal = true;
   EXPECT_EQ(hbm::fa2_backward_bytes(p, 64, 128), pre + kv + 2 * 64 * (1 + 1 + 2 + 2) * per_row + post);
+  // Two partials of each dQ_i per pair (06e, 06f: one per consumer warpgroup): twice the adds.
+  EXPECT_EQ(hbm::fa2_backward_bytes(p, 64, 128, 2) - hbm::fa2_backward_bytes(p, 64, 128),
+            2 * 64 * (1 + 1 + 2 + 2) * 8.0 * 64);
 }
 
 TEST(HbmModel, Fa1GrowsAsNSquaredD2OverM) {
