@@ -123,7 +123,7 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 // for the head dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
-constexpr BwdStep kBackwardOf06d = BwdStep::g_bulk_per_cta;
+constexpr BwdStep kBackwardOf06d = BwdStep::h_dq_columns;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});

@@ -843,6 +843,67 @@ def fig_06e(path):
     save(fig, path)
 
 
+def fa3_dq_steps(d=128):
+    """What 06f, 06g, 06h do with dQ_i per CTA and step at head dim d, from their Configs:
+    registers per thread, shared-memory bytes written and read (the copy engine's read
+    included), bulk adds and bytes added in L2."""
+    rel = "06_fa3_hopper/06h_bwd_dq_columns.cuh"
+    (consumers,) = parse(rel, r"kConsumers = (\d+);")
+    (b_r,) = parse(rel, r"B_r = (\d+);")
+    tile = b_r * d * 4  # one fp32 dQ_i tile
+    return b_r, consumers, {
+        "06f": dict(regs=d // 2, smem=consumers * tile + consumers * tile, adds=consumers, l2=consumers * tile),
+        "06g": dict(regs=d // 2, smem=tile + 2 * tile + tile, adds=1, l2=tile),
+        "06h": dict(regs=d // consumers // 2, smem=tile + tile, adds=1, l2=tile),
+    }
+
+
+@figure("06_fa3_hopper/figures/06gh_dq_partials.png")
+def fig_06gh(path):
+    d = 128
+    b_r, consumers, steps = fa3_dq_steps(d)
+    kib = lambda b: f"{b // 1024} KiB"
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 5.4))
+    wg = dict(color=C_GEMM, tc="white", fs=8)
+    sm = dict(color="#ece6f4", fs=8)
+    l2 = dict(color="#f4dcdc", fs=8)
+    titles = {"06f": "06f: one add per warpgroup", "06g": "06g: partials summed in shared memory",
+              "06h": "06h: dQ_i's columns split"}
+    for ax, (step, c) in zip(axes, steps.items()):
+        blank(ax, (0, 10), (-1.6, 10))
+        ax.set_title(titles[step], fontsize=10)
+        if step == "06h":
+            box(ax, 0.2, 8.5, 9.6, 1.0, f"dSᵀ of both warpgroups: one tile [{64 * consumers} keys × {b_r}]", **sm)
+            box(ax, 0.2, 6.0, 4.5, 1.4, f"WG 0: dQ_i[:, 0:{d // 2}]\nover all {64 * consumers} keys", **wg)
+            box(ax, 5.3, 6.0, 4.5, 1.4, f"WG 1: dQ_i[:, {d // 2}:{d}]\nover all {64 * consumers} keys", **wg)
+            box(ax, 0.2, 3.6, 9.6, 1.2, f"one buffer [{b_r} × {d}] fp32:\neach warpgroup stores its half", **sm)
+            for x in (2.4, 7.6):
+                arrow(ax, (x, 8.5), (x, 7.4), color=C_GEMM)
+                arrow(ax, (x, 6.0), (x, 4.8), color=C_SMEM, text="store")
+        else:
+            box(ax, 0.2, 8.0, 4.5, 1.4, f"WG 0: dQ_i[:, 0:{d}]\nover keys 0-63", **wg)
+            box(ax, 5.3, 8.0, 4.5, 1.4, f"WG 1: dQ_i[:, 0:{d}]\nover keys 64-127", **wg)
+            if step == "06f":
+                box(ax, 0.2, 3.6, 4.5, 1.2, f"buffer of WG 0\n[{b_r} × {d}] fp32", **sm)
+                box(ax, 5.3, 3.6, 4.5, 1.2, f"buffer of WG 1\n[{b_r} × {d}] fp32", **sm)
+                arrow(ax, (2.4, 8.0), (2.4, 4.8), color=C_SMEM)
+                arrow(ax, (7.6, 8.0), (7.6, 4.8), color=C_SMEM)
+            else:
+                box(ax, 0.2, 3.6, 9.6, 1.2, f"buffer n % 2 [{b_r} × {d}] fp32:\nWG 1 writes, WG 0 reads, adds, writes", **sm)
+                arrow(ax, (7.6, 8.0), (7.6, 4.8), color=C_SMEM, text="store")
+                arrow(ax, (2.4, 4.8), (2.4, 8.0), color=C_SMEM, text="load + add")
+        for k in range(c["adds"]):
+            x = 2.4 + 5.2 * k if c["adds"] > 1 else 5.0
+            arrow(ax, (x, 3.6), (x, 1.9), color=C_HBM, text="bulk add")
+        box(ax, 0.2, 0.7, 9.6, 1.2, "dQ_acc (fp32) in L2 / HBM", **l2)
+        ax.text(5.0, -0.3, f"dQ accumulators per thread: {c['regs']}; shared memory", ha="center", fontsize=8)
+        ax.text(5.0, -1.1, f"written + read: {kib(c['smem'])}; into L2: {c['adds']} × {kib(c['l2'] // c['adds'])}",
+                ha="center", fontsize=8)
+    fig.suptitle(f"Where the partial sums of dQ_i meet, per CTA and step (d = {d}, B_r = {b_r}, "
+                 f"{consumers} consumer warpgroups of 64 keys)", fontsize=10)
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/06d2_lazy_rescale.png")
 def fig_06d2(path):
     (thr,) = parse("06_fa3_hopper/fa3_launch.h", r"kRescaleLog2 = ([\d.]+)f;", float)
