@@ -15,7 +15,7 @@ identical.
 
 Writes train_loss.csv (step, loss_sdpa, loss_<rung>) and train_loss.png (both curves and their
 ratio) into --out, and prints the final losses (mean of the last 10 steps) and their relative
-difference. tests/python/test_train.py runs train() and asserts that difference is within 1 %.
+difference. tests/python/test_autograd.py runs train() and asserts that difference is within 1 %.
 """
 
 import argparse
