@@ -2,7 +2,7 @@
 """Context-parallel attention on P GPUs against one GPU and against PyTorch's own context
 parallelism, on the same shapes, one run:
 
-    torchrun --nproc-per-node 2 scripts/context_parallel_bench.py --n 131072 --out DIR
+    torchrun --nproc-per-node 2 scripts/context_parallel_bench.py --seq-len 131072 --out DIR
 
 Times (CUDA events after a barrier, median of --reps after --warmup runs; bf16, d = 128,
 H = 16, causal by default), forward and forward + backward:
@@ -62,9 +62,11 @@ def model_flops(B, H, N, d, causal, backward):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=131072)
+    # Not --n or --d: torchrun reads an option after the script that abbreviates one of its own
+    # (--nnodes, --duplicate-...) as ambiguous and stops.
+    ap.add_argument("--seq-len", type=int, default=131072)
     ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--no-causal", action="store_true")
     ap.add_argument("--reps", type=int, default=3)
@@ -76,7 +78,7 @@ def main():
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
-    B, H, N, d, causal = args.batch, args.heads, args.n, args.d, not args.no_causal
+    B, H, N, d, causal = args.batch, args.heads, args.seq_len, args.head_dim, not args.no_causal
     scale = 1.0 / math.sqrt(d)
     gpu = torch.cuda.get_device_name()
     rows = []
