@@ -6,9 +6,10 @@
 // [w d/2, (w + 1) d/2) of dQ_i = dS_ij K_j over all 128 keys (wgmma N = d/2, K = 128): each
 // entry of dQ_i is computed once, complete, by one thread. The two halves go into one buffer
 // in dQ_acc's layout, and one thread adds it with one bulk reduce-add, as in 06g. The same
-// FLOPs; no partial sums, a quarter of 06g's shared-memory traffic for dQ_i (one write of
-// 64 x d fp32, not three), d/4 accumulators per thread instead of d/2, and two barriers of
-// both warpgroups per step (06g: five, of which three of one warpgroup).
+// FLOPs; no partial sums: the 64 x d fp32 tile is written once, not written, read and
+// written again (half of 06g's shared-memory bytes for dQ_i, the copy engine's read
+// included), d/4 accumulators per thread instead of d/2, and two barriers of both
+// warpgroups per step (06g: five, of which three of one warpgroup).
 //
 // Two named barriers of the 256 consumer threads, each once per step:
 //   kDsStored: both warpgroups' dSᵀ in the tile (and visible to wgmma), and the issuer has
