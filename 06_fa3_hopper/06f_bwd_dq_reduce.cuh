@@ -39,7 +39,7 @@
 // Included only by the generated instance files (06f_bwd_dq_reduce.cu.in).
 #pragma once
 
-#include "05_fa2_reordered/fa2_backward.cuh"  // the pre- and post-pass, dQ_acc's layout, atomic_add2
+#include "05_fa2_reordered/fa2_backward.cuh"  // the pre- and post-pass, dQ_acc's layout
 #include "06_fa3_hopper/fa3_common.cuh"
 
 namespace attn::fa3::step06f {

@@ -119,8 +119,8 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 }
 
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
-// 06h_bwd_dq_columns.cuh)
-// for the head dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
+// 06h_bwd_dq_columns.cuh) for the head dims they were built for (fa3::BwdHeadDims), with 05's
+// workspace (dQ_acc, D).
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
 constexpr BwdStep kBackwardOf06d = BwdStep::h_dq_columns;
@@ -151,6 +151,13 @@ void add_backward_06(Stage& s) {
       else return &fa3::step06e::launch_backward<D, T>;
     })(p, t, stream);
   };
+}
+
+// A stage of 06d's forward with backward step kStep.
+template <BwdStep kStep>
+Stage with_backward(Stage s) {
+  add_backward_06<kStep>(s);
+  return s;
 }
 
 // The FP8 path (fa3_fp8.h): one pre-kernel and attention kernel per head dim; the stages
@@ -247,13 +254,6 @@ std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
   // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add and 06h_bwd_dq_columns run 06d's
   // forward and their own backward, each checked against the step before it.
-  auto with_backward = [](Stage s, BwdStep step) {
-    if (step == BwdStep::h_dq_columns) add_backward_06<BwdStep::h_dq_columns>(s);
-    else if (step == BwdStep::g_bulk_per_cta) add_backward_06<BwdStep::g_bulk_per_cta>(s);
-    else if (step == BwdStep::f_bulk_per_warpgroup) add_backward_06<BwdStep::f_bulk_per_warpgroup>(s);
-    else add_backward_06<BwdStep::e_atomics>(s);
-    return s;
-  };
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
   };
@@ -286,22 +286,22 @@ std::vector<Stage> fa3_stages() {
       one_tile_stage<fa3::StepHeadDims>("06d2_lazy_softmax", "06d1_overlap",
                                         "lazy rescaling of O_i; the block's row max taken last, from P",
                                         fa3::block_rows, fa3::block_cols, launch_06d2),
-      with_backward(stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
-                                          "persistent CTAs: the producer loads the next tile while the consumers finish"),
-                    kBackwardOf06d),
+      with_backward<kBackwardOf06d>(
+          stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
+                                "persistent CTAs: the producer loads the next tile while the consumers finish")),
       // The backward's steps, each with 06d's forward: 06e, 06f, 06g, 06h.
-      with_backward(stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
-                                          "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics"),
-                    BwdStep::e_atomics),
-      with_backward(stage_06d<persistent>("06f_bwd_dq_reduce", "06e_bwd_wgmma",
-                                          "06d whose backward adds dQ by TMA bulk reductions (06f), not per-thread reds"),
-                    BwdStep::f_bulk_per_warpgroup),
-      with_backward(stage_06d<persistent>("06g_bwd_one_dq_add", "06f_bwd_dq_reduce",
-                                          "06f with one dQ add per CTA and step: the warpgroups' halves summed in shared memory"),
-                    BwdStep::g_bulk_per_cta),
-      with_backward(stage_06d<persistent>("06h_bwd_dq_columns", "06g_bwd_one_dq_add",
-                                          "06g with dQ split by columns between the warpgroups, over all 128 keys: no partial sums"),
-                    BwdStep::h_dq_columns),
+      with_backward<BwdStep::e_atomics>(
+          stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
+                                "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics")),
+      with_backward<BwdStep::f_bulk_per_warpgroup>(
+          stage_06d<persistent>("06f_bwd_dq_reduce", "06e_bwd_wgmma",
+                                "06d whose backward adds dQ by TMA bulk reductions (06f), not per-thread reds")),
+      with_backward<BwdStep::g_bulk_per_cta>(
+          stage_06d<persistent>("06g_bwd_one_dq_add", "06f_bwd_dq_reduce",
+                                "06f with one dQ add per CTA and step: the warpgroups' halves summed in shared memory")),
+      with_backward<BwdStep::h_dq_columns>(
+          stage_06d<persistent>("06h_bwd_dq_columns", "06g_bwd_one_dq_add",
+                                "06g with dQ split by columns between the warpgroups, over all 128 keys: no partial sums")),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
       // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
       // the pairs' code to 06d's (kCtaPairs).

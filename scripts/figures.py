@@ -847,9 +847,8 @@ def fa3_dq_steps(d=128):
     """What 06f, 06g, 06h do with dQ_i per CTA and step at head dim d, from their Configs:
     registers per thread, shared-memory bytes written and read (the copy engine's read
     included), bulk adds and bytes added in L2."""
-    rel = "06_fa3_hopper/06h_bwd_dq_columns.cuh"
-    (consumers,) = parse(rel, r"kConsumers = (\d+);")
-    (b_r,) = parse(rel, r"B_r = (\d+);")
+    c = fa3_bwd_config()  # 06e's tiles, which 06f-06h keep (static_asserts in their launches)
+    consumers, b_r = c["consumers"], c["B_r"]
     tile = b_r * d * 4  # one fp32 dQ_i tile
     return b_r, consumers, {
         "06f": dict(regs=d // 2, smem=consumers * tile + consumers * tile, adds=consumers, l2=consumers * tile),
