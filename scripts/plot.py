@@ -619,10 +619,11 @@ def plot_train_step(path, out_dir):
         no_data(ax, "train_step rows")
     width = 0.8 / max(len(impls), 1)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    cudnn = {r["shape"]: float(r["step_ms_median"]) for r in rows if r["impl"] == "sdpa_cudnn"}
     for i, impl in enumerate(impls):
         for j, shape in enumerate(shapes):
             r = next((r for r in rows if r["impl"] == impl and r["shape"] == shape), None)
-            base = next((float(b["step_ms_median"]) for b in rows if b["impl"] == "sdpa_cudnn" and b["shape"] == shape), None)
+            base = cudnn.get(shape)
             if r is None:
                 continue
             ms = float(r["step_ms_median"])
@@ -695,7 +696,7 @@ def main(argv=None):
         plot_decode(paged_rows, Palette(rung_order(paged_rows)), out_dir, "decode_paged_vs_nk.png")
     if args.inflight:  # linked from 05_fa2_reordered/decode.md
         plot_inflight(args.inflight, out_dir)
-    if args.train_step:  # linked from 06_fa3_hopper/06e_bwd.md
+    if args.train_step:  # linked from 06_fa3_hopper/06g_bwd.md
         plot_train_step(args.train_step, out_dir)
     if args.readme and args.csv:
         rewrite_readme(args.readme, results_markdown(rows, args.dtype, palette, images, args.readme))
