@@ -241,6 +241,19 @@ __device__ inline Smem& aligned_shared(uint8_t* smem_raw) {
                                   ~uintptr_t(alignof(Smem) - 1));
 }
 
+// The same storage, reached by smem_raw plus a padding instead of an integer rounded up.
+// Through the integer the compiler no longer knows that the pointer is in shared memory, so
+// every load and store by it is a generic LD/ST: the address is translated at run time and
+// the result waited for on the long scoreboard, as a global load is. From 06i_bwd_shared_space
+// on, the backward's loads of L_i, D_i and stores of dSᵀ, dQ_i are LDS/STS. (The forward
+// kernels reach shared memory almost only through TMA and wgmma descriptors; they keep
+// aligned_shared: 06_fa3_hopper/EXPERIMENTS.md.)
+template <class Smem>
+__device__ inline Smem& shared_storage(uint8_t* smem_raw) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  return *reinterpret_cast<Smem*>(smem_raw + (alignof(Smem) - addr % alignof(Smem)) % alignof(Smem));
+}
+
 // ---------------------------------------------------------------------------------------
 // Host
 // ---------------------------------------------------------------------------------------

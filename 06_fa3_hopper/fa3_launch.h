@@ -125,5 +125,17 @@ namespace step06h {
 template <int D, typename T>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
 }
+// 06h with its shared storage reached in the shared address space: LDS/STS, not generic
+// LD/ST (06i_bwd_shared_space.cuh). The same tiles, grid and workspace.
+namespace step06i {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
+// 06i with dV issued under dSᵀ's elementwise work and dK under the dQ_i stores
+// (06j_bwd_issue_order.cuh). The same tiles, grid and workspace.
+namespace step06j {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
 
 }  // namespace attn::fa3

@@ -119,11 +119,11 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 }
 
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
-// 06h_bwd_dq_columns.cuh) for the head dims they were built for (fa3::BwdHeadDims), with 05's
+// 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh) for the head dims they were built for (fa3::BwdHeadDims), with 05's
 // workspace (dQ_acc, D).
-enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns };
+enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
-constexpr BwdStep kBackwardOf06d = BwdStep::h_dq_columns;
+constexpr BwdStep kBackwardOf06d = BwdStep::j_issue_order;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
@@ -135,7 +135,7 @@ void add_backward_06(Stage& s) {
     return "";
   };
   s.backward_workspace_bytes = [](const AttnProblem& p) { return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics); };
-  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g and 06h one.
+  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06j one.
   s.model_backward_hbm_bytes = [](const AttnProblem& p) {
     constexpr int kDqAdds = kStep == BwdStep::e_atomics || kStep == BwdStep::f_bulk_per_warpgroup ? 2 : 1;
     return hbm::fa2_backward_bytes(p, fa3::step06e::kBwdRowsPerStep, fa3::step06e::kBwdKeysPerCta, kDqAdds);
@@ -145,7 +145,9 @@ void add_backward_06(Stage& s) {
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
       constexpr int D = decltype(dim)::value;
       using T = typename decltype(type)::type;
-      if constexpr (kStep == BwdStep::h_dq_columns) return &fa3::step06h::launch_backward<D, T>;
+      if constexpr (kStep == BwdStep::j_issue_order) return &fa3::step06j::launch_backward<D, T>;
+      else if constexpr (kStep == BwdStep::i_shared_space) return &fa3::step06i::launch_backward<D, T>;
+      else if constexpr (kStep == BwdStep::h_dq_columns) return &fa3::step06h::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::g_bulk_per_cta) return &fa3::step06g::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::f_bulk_per_warpgroup) return &fa3::step06f::launch_backward<D, T>;
       else return &fa3::step06e::launch_backward<D, T>;
@@ -252,7 +254,8 @@ Fp8E4m3LaunchFn fp8_e4m3_launch_for(int d) {
 
 std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
-  // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add and 06h_bwd_dq_columns run 06d's
+  // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns,
+  // 06i_bwd_shared_space and 06j_bwd_issue_order run 06d's
   // forward and their own backward, each checked against the step before it.
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
@@ -289,7 +292,7 @@ std::vector<Stage> fa3_stages() {
       with_backward<kBackwardOf06d>(
           stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
                                 "persistent CTAs: the producer loads the next tile while the consumers finish")),
-      // The backward's steps, each with 06d's forward: 06e, 06f, 06g, 06h.
+      // The backward's steps, each with 06d's forward: 06e-06j.
       with_backward<BwdStep::e_atomics>(
           stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
                                 "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics")),
@@ -302,6 +305,12 @@ std::vector<Stage> fa3_stages() {
       with_backward<BwdStep::h_dq_columns>(
           stage_06d<persistent>("06h_bwd_dq_columns", "06g_bwd_one_dq_add",
                                 "06g with dQ split by columns between the warpgroups, over all 128 keys: no partial sums")),
+      with_backward<BwdStep::i_shared_space>(
+          stage_06d<persistent>("06i_bwd_shared_space", "06h_bwd_dq_columns",
+                                "06h with its shared storage in the shared address space: LDS/STS, not generic LD/ST")),
+      with_backward<BwdStep::j_issue_order>(
+          stage_06d<persistent>("06j_bwd_issue_order", "06i_bwd_shared_space",
+                                "06i with dV issued under dS's elementwise work and dK under the dQ stores")),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
       // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
       // the pairs' code to 06d's (kCtaPairs).

@@ -135,6 +135,32 @@ void keep_06h(std::integer_sequence<int, Ds...>) {
 template void keep_06h(BwdHeadDims);
 #endif
 
+// 06i's backward, likewise.
+#ifndef LAB_BUILT_06i_bwd_shared_space
+namespace step06i {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06i_bwd_shared_space"); }
+}  // namespace step06i
+template <int... Ds>
+void keep_06i(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06i::launch_backward<Ds, __nv_bfloat16>), keep(&step06i::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06i(BwdHeadDims);
+#endif
+
+// 06j's backward, likewise.
+#ifndef LAB_BUILT_06j_bwd_issue_order
+namespace step06j {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06j_bwd_issue_order"); }
+}  // namespace step06j
+template <int... Ds>
+void keep_06j(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06j::launch_backward<Ds, __nv_bfloat16>), keep(&step06j::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06j(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

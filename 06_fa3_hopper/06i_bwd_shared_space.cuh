@@ -1,0 +1,513 @@
+// Rung 06i: 06h (06h_bwd_dq_columns.cuh) with its shared storage reached in the shared
+// address space. 06e-06h find their SharedStorage with aligned_shared (fa3_common.cuh), which
+// rounds smem_raw up through an integer; the pointer that comes back is a generic one, and
+// the compiler can no longer tell that it points into shared memory. Every plain load and
+// store through it (L_i and D_i read per step, dSᵀ and dQ_i written) is then a generic
+// LD.E/ST.E: the address goes through the generic-to-shared translation at run time, and the
+// warp waits for the result on the long scoreboard, as for a global load. TMA and wgmma do
+// not notice: they take 32-bit shared addresses and descriptors. ncu's source counters on
+// 06h show it (LD.E.64 before each exponential, ST.E for dSᵀ, the fence after the dSᵀ stores
+// waiting on the long scoreboard). Here shared_storage adds a padding to smem_raw instead, the
+// compiler keeps the address space, and the same accesses become LDS/STS. One line of the
+// kernel changes (fa3_backward below); nothing else.
+//
+// Two named barriers of the 256 consumer threads, each once per step:
+//   kDsStored: both warpgroups' dSᵀ in the tile (and visible to wgmma), and the issuer has
+//              seen the last step's bulk add read the dQ buffer; the dQ wgmmas may start.
+//   kDqStored: both halves of dQ_i in the buffer (visible to the copy engine): the issuer
+//              adds it. Every thread passes it after its dQ wgmma read the dSᵀ tile, so the
+//              next step's dSᵀ stores need no barrier of their own.
+//
+// 06e's outline, with line 14 changed (06f: one add per warpgroup; 06g: one per CTA, summed
+// in shared memory; 06h, 06i: one per CTA, split by columns):
+//
+//   pre-pass: D = rowsum(dO ∘ O), dQ_acc = 0                 05's kernel, as it is
+//   one CTA per (K/V block j of B_c = 128 keys, batch, KV head); 2 consumer warpgroups,
+//   each owns 64 of the keys (wgmma's M is 64):
+//     TMA: K_j, V_j -> shared memory once
+//     for each step i (query head of the group, Q block of B_r = 64 rows):
+//       producer: TMA Q_i, dO_i; L_i, D_i by its lanes -> ring stage i mod 2
+//       Sᵀ  = K_j Q_iᵀ           wgmma SS  M = keys, N = queries, K = d
+//       dPᵀ = V_j dO_iᵀ          wgmma SS
+//       Pᵀ  = exp2(Sᵀ scale log2e − L_i log2e)      registers (masked: 0)
+//       dSᵀ = Pᵀ ∘ (dPᵀ − D_i)                         registers
+//       dV_j += Pᵀ dO_i          wgmma RS  A = Pᵀ from registers, B = dO_i N-major
+//       dK_j += dSᵀ Q_i          wgmma RS  A = dSᵀ from registers, B = Q_i N-major
+//       dSᵀ -> the CTA's tile;  dQ_i[:, half w] = dS K_j[:, half w]   wgmma SS over 128 keys
+//       both halves -> one buffer (dQ_acc's layout); one thread: bulk reduce-add
+//     write dK_j (× scale), dV_j
+//   post-pass: dQ = scale · dQ_acc                              05's kernel, as it is
+//
+// Why keys as M: wgmma's A operand may come from registers only in the accumulator's own
+// layout (rows = M). With keys as M, Sᵀ and dPᵀ land with a key per row, so Pᵀ and dSᵀ are
+// already the A operands of dV += Pᵀ dO and dK += dSᵀ Q: no shared-memory round trip for
+// them. dQ = dS K needs dS with queries as rows, the other way round: it goes through shared
+// memory, stored as it is (dSᵀ, keys x queries) and read by wgmma as an M-major A operand.
+//
+// The adds still land in an order that varies from run to run (06e_bwd.md: atomics reorder
+// sums): the copy engine's reduction is atomic per element, not ordered across CTAs.
+//
+// Included only by the generated instance files (06i_bwd_shared_space.cu.in).
+#pragma once
+
+#include "05_fa2_reordered/fa2_backward.cuh"  // the pre- and post-pass, dQ_acc's layout
+#include "06_fa3_hopper/fa3_common.cuh"
+
+namespace attn::fa3::step06i {
+
+template <int D, typename T>
+struct Config {
+  static constexpr int kWgThreads = 128;
+  static constexpr int kConsumers = 2;                       // warpgroups of 64 keys each
+  static constexpr int kThreads = kWgThreads * (1 + kConsumers);  // + the producer warpgroup
+  static constexpr int kWgKeys = kWarpgroupRows;             // 64: wgmma's M
+  static constexpr int B_c = kWgKeys * kConsumers;           // keys per CTA
+  static constexpr int B_r = 64;                             // query rows per step
+  static constexpr int kStages = 2;                          // ring of Q_i, dO_i, L_i, D_i
+  static constexpr Swizzle kSwizzle = Swizzle::b128;
+  static constexpr int kRowBytes = row_bytes(kSwizzle);              // 128
+  static constexpr int kChunkCols = kRowBytes / int(sizeof(T));     // 64
+  static constexpr int kChunks = D / kChunkCols;
+  static constexpr int kAtomBytes = atom_bytes(kSwizzle);           // 1024
+  static constexpr int kK = 16;                                      // wgmma K
+  static constexpr uint32_t kStepBytes = 2u * B_r * D * sizeof(T);  // Q_i and dO_i
+  static constexpr uint32_t kKVBytes = 2u * B_c * D * sizeof(T);    // K_j and V_j
+  // setmaxnreg: 128 x 24 + 256 x 240 <= the launch's 384 x 168.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(setmaxnreg_budgets_fit(kConsumers, kProducerRegs, kConsumerRegs), "register budgets");
+  static_assert(D % kChunkCols == 0, "d is whole 128-byte chunks");
+  static_assert(B_r == kChunkCols, "dSᵀ's rows of B_r queries are one 128-byte swizzle row");
+};
+
+template <class Cfg, typename T, int D>
+struct alignas(1024) SharedStorage {
+  T k[Cfg::B_c * D];                         // K_j: d/64 chunks of [B_c][64]
+  T v[Cfg::B_c * D];                         // V_j
+  T q[Cfg::kStages][Cfg::B_r * D];           // Q_i: d/64 chunks of [B_r][64]
+  T dout[Cfg::kStages][Cfg::B_r * D];        // dO_i
+  T ds[Cfg::B_c * Cfg::B_r];                 // dSᵀ of the CTA: [128 keys][64 queries], warpgroup w's rows 64w..
+  float dq[Cfg::B_r * D];                    // dQ_i, in dQ_acc's 8 x 8 blocks; warpgroup w writes half w of the columns
+  float lse2[Cfg::kStages][Cfg::B_r];        // L_i log2(e); +inf past Nq or where L_i = -inf
+  float dsum[Cfg::kStages][Cfg::B_r];        // D_i; 0 past Nq
+  uint64_t kv_full;
+  uint64_t full[Cfg::kStages], empty[Cfg::kStages];
+};
+
+template <typename T>
+struct BwdParams {
+  CUtensorMap q_map, do_map, k_map, v_map;
+  const float* lse;  // [B, H, Nq] natural log (the forward's)
+  const float* D;    // [B, H, Nq] (the pre-pass's)
+  float* dq_acc;     // 05's workspace layout (fa2_backward.h: dq_acc_offset)
+  T* dk;
+  T* dv;
+  int H, Hkv, group, Nq, Nk, T_c;
+  bool causal;
+  float scale, scale_log2;
+};
+
+// The CTA's K/V block and the steps it walks: every (query head of the KV head's group, Q
+// block) whose queries may see one of its keys. Causal: Q blocks before first_i see none.
+struct Work {
+  int key0, bh_kv, bh0, first_i, T_r, steps;
+  template <typename T>
+  __device__ Work(const BwdParams<T>& p, int B_c, int B_r) {
+    const int j = int(blockIdx.x % unsigned(p.T_c));
+    bh_kv = int(blockIdx.x / unsigned(p.T_c));
+    bh0 = bh_kv / p.Hkv * p.H + bh_kv % p.Hkv * p.group;
+    key0 = j * B_c;
+    const int off = p.Nk - p.Nq;  // bottom-right causal: query r sees keys <= r + off
+    first_i = p.causal && key0 - off > 0 ? (key0 - off) / B_r : 0;
+    T_r = (p.Nq + B_r - 1) / B_r;
+    steps = p.group * (T_r - first_i);
+  }
+};
+
+// Step n's query head and Q block, advanced one step at a time (no division in the loop).
+struct Pos {
+  int bh, block;
+  __device__ Pos next(const Work& w) const { return block + 1 < w.T_r ? Pos{bh, block + 1} : Pos{bh + 1, w.first_i}; }
+};
+
+// ---------------------------------------------------------------------------------------
+// The producer: K_j, V_j once, then each step's Q_i, dO_i (TMA, lane 0) and L_i, D_i (its
+// 32 lanes, two rows each) into ring stage n mod kStages, once the consumers released it.
+// The stage's "full" barrier takes 32 arrivals (each lane's arrival releases its own
+// stores of L_i, D_i) and the TMA bytes.
+// ---------------------------------------------------------------------------------------
+template <class Cfg, class Smem, typename T>
+__device__ void produce(Smem& s, const BwdParams<T>& p, const Work& w) {
+  constexpr int D = Cfg::kChunks * Cfg::kChunkCols;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    mbarrier_arrive_expect_tx(&s.kv_full, Cfg::kKVBytes);
+    for (int c = 0; c < Cfg::kChunks; ++c) {
+      tma_load_3d(&s.k[c * Cfg::B_c * Cfg::kChunkCols], &p.k_map, c * Cfg::kChunkCols, w.key0, w.bh_kv, &s.kv_full);
+      tma_load_3d(&s.v[c * Cfg::B_c * Cfg::kChunkCols], &p.v_map, c * Cfg::kChunkCols, w.key0, w.bh_kv, &s.kv_full);
+    }
+  }
+  Pos at{w.bh0, w.first_i};
+  for (int n = 0; n < w.steps; ++n, at = at.next(w)) {
+    const int stage = n % Cfg::kStages;
+    mbarrier_wait(&s.empty[stage], ((n / Cfg::kStages) & 1) ^ 1);  // first lap: passes at once
+    const int row0 = at.block * Cfg::B_r;
+#pragma unroll
+    for (int h = 0; h < Cfg::B_r / 32; ++h) {
+      const int r = lane + 32 * h, row = row0 + r;
+      const size_t x = size_t(at.bh) * p.Nq + row;
+      const float L = row < p.Nq ? p.lse[x] : -INFINITY;
+      // A row that sees no key (L = -inf) or lies past Nq gets P = exp2(... - inf) = 0.
+      s.lse2[stage][r] = L == -INFINITY ? INFINITY : L * float(M_LOG2E);
+      s.dsum[stage][r] = row < p.Nq ? p.D[x] : 0.f;
+    }
+    if (lane == 0) {
+      mbarrier_arrive_expect_tx(&s.full[stage], Cfg::kStepBytes);
+      for (int c = 0; c < Cfg::kChunks; ++c) {
+        const int col = c * Cfg::kChunkCols;
+        tma_load_3d(&s.q[stage][c * Cfg::B_r * Cfg::kChunkCols], &p.q_map, col, row0, at.bh, &s.full[stage]);
+        tma_load_3d(&s.dout[stage][c * Cfg::B_r * Cfg::kChunkCols], &p.do_map, col, row0, at.bh, &s.full[stage]);
+      }
+    } else {
+      mbarrier_arrive(&s.full[stage]);
+    }
+  }
+  (void)D;
+}
+
+// ---------------------------------------------------------------------------------------
+// The GEMMs of one consumer warpgroup (its 64 keys).
+// ---------------------------------------------------------------------------------------
+
+// Xᵀ = A_wg Bᵀ (Sᵀ = K Q_iᵀ, dPᵀ = V dO_iᵀ): K-major A (this warpgroup's 64 rows of K_j or
+// V_j, B_c rows per chunk) and K-major B (Q_i or dO_i, B_r rows per chunk); d/16 K steps, one
+// commit group.
+template <class Cfg, typename T>
+__device__ void gemm_t(float (&X)[Cfg::B_r / 2], const T* A_wg, const T* B_i) {
+  constexpr int D = Cfg::kChunks * Cfg::kChunkCols, kStepBytes = Cfg::kK * int(sizeof(T));
+  const uint64_t a_desc = make_smem_desc(A_wg, /*unused*/ 16, Cfg::kAtomBytes, Cfg::kSwizzle);
+  const uint64_t b_desc = make_smem_desc(B_i, /*unused*/ 16, Cfg::kAtomBytes, Cfg::kSwizzle);
+  pin_registers(X);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / Cfg::kK; ++kk)
+    Wgmma<T, Cfg::B_r>::ss(X, desc_advance(a_desc, kmajor_step_offset(kk, kStepBytes, Cfg::B_c, Cfg::kSwizzle)),
+                           desc_advance(b_desc, kmajor_step_offset(kk, kStepBytes, Cfg::B_r, Cfg::kSwizzle)),
+                           /*accumulate=*/kk > 0);
+  wgmma_commit();
+  pin_registers(X);
+}
+
+// Acc += Xᵀ B_i (dV += Pᵀ dO_i, dK += dSᵀ Q_i): A from registers (B_r/16 K steps over the
+// step's queries), B = dO_i or Q_i as stored, [queries][d]: N-major, B_r rows per chunk
+// (the forward's V_j in O += P V_j). Issued without a commit: the caller closes the group.
+template <class Cfg, typename T, int D>
+__device__ void gemm_acc(float (&Acc)[D / 2], const uint32_t (&X)[Cfg::B_r / Cfg::kK][4], const T* B_i) {
+  const uint64_t b_desc = make_smem_desc(B_i, Cfg::B_r * Cfg::kRowBytes, Cfg::kAtomBytes, Cfg::kSwizzle);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_r / Cfg::kK; ++kk)
+    Wgmma<T, D>::rs(Acc, X[kk], desc_advance(b_desc, kk * Cfg::kK * Cfg::kRowBytes), /*accumulate=*/1);
+}
+
+// Columns [c0, c0 + d/2) of dQ_i = dS K_j over all B_c keys: A = the CTA's dSᵀ [keys][queries]
+// in shared memory, M-major (queries contiguous; one 128-byte chunk); B = those columns of
+// K_j, [keys][d], N-major, from K_cols (row 0 of column c0: at d = 64 half a swizzled
+// 128-byte row in). B_c/16 K steps, each 16 rows of both further; one commit group.
+template <class Cfg, typename T, int D>
+__device__ void gemm_dq(float (&dQ)[D / 4], const T* dST, const T* K_cols) {
+  const uint64_t a_desc = make_smem_desc(dST, Cfg::B_c * Cfg::kRowBytes, Cfg::kAtomBytes, Cfg::kSwizzle);
+  const uint64_t b_desc = make_smem_desc(K_cols, Cfg::B_c * Cfg::kRowBytes, Cfg::kAtomBytes, Cfg::kSwizzle);
+  pin_registers(dQ);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_c / Cfg::kK; ++kk)
+    Wgmma<T, D / 2>::ss_mn(dQ, desc_advance(a_desc, kk * Cfg::kK * Cfg::kRowBytes),
+                           desc_advance(b_desc, kk * Cfg::kK * Cfg::kRowBytes), /*accumulate=*/kk > 0);
+  wgmma_commit();
+  pin_registers(dQ);
+}
+
+// ---------------------------------------------------------------------------------------
+// Elementwise work on the accumulator layout (Fragment, fa3_common.cuh): row = key (of the
+// warpgroup's 64), column = query (of the step's B_r).
+// ---------------------------------------------------------------------------------------
+
+// Pᵀ = exp2(Sᵀ scale log2e − L_i log2e) in place. kMasked: keys past Nk and, causal, keys
+// right of the diagonal (key > query + Nk − Nq) are 0. Queries past Nq need no test: their
+// L is +inf (produce).
+template <class Cfg, bool kMasked, typename T>
+__device__ void probs_t(float (&S)[Cfg::B_r / 2], const float* L2, const BwdParams<T>& p, int wg_key0, int query0) {
+  const Fragment f;
+#pragma unroll
+  for (int i = 0; i < Cfg::B_r / 8; ++i)
+#pragma unroll
+    for (int slot = 0; slot < 2; ++slot)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * i + f.col_base + e;
+        float& s = S[4 * i + 2 * slot + e];
+        const float pv = exp2_approx(fmaf(s, p.scale_log2, -L2[col]));
+        if constexpr (kMasked) {
+          const int key = wg_key0 + f.row[slot], query = query0 + col;
+          s = key < p.Nk && (!p.causal || key <= query + (p.Nk - p.Nq)) ? pv : 0.f;
+        } else {
+          s = pv;
+        }
+      }
+}
+
+// fp32 accumulator -> A-operand registers (06a's to_operand on B_r columns).
+template <class Cfg, typename T>
+__device__ void to_operand(const float (&X)[Cfg::B_r / 2], uint32_t (&op)[Cfg::B_r / Cfg::kK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_r / Cfg::kK; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) op[kk][r] = pack2<T>(X[8 * kk + 2 * r], X[8 * kk + 2 * r + 1]);
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ − D_i) in place in dP, Pᵀ read back from its operand registers (the copy
+// dV uses): the fp32 Pᵀ need not stay live through dPᵀ's wgmma.
+template <class Cfg, typename T>
+__device__ void ds_t(float (&dP)[Cfg::B_r / 2], const uint32_t (&P)[Cfg::B_r / Cfg::kK][4], const float* Dsum) {
+  const Fragment f;
+#pragma unroll
+  for (int x = 0; x < Cfg::B_r / 2; x += 2) {  // x = 4i + 2 slot: columns 8i + col_base, + 1
+    const float2 pp = fa2::unpack2<T>(P[x / 8][(x % 8) / 2]);
+    const int col = 8 * (x / 4) + f.col_base;
+    dP[x] = pp.x * (dP[x] - Dsum[col]);
+    dP[x + 1] = pp.y * (dP[x + 1] - Dsum[col + 1]);
+  }
+}
+
+// dSᵀ (operand registers) -> shared memory [64 keys][B_r queries], 128-byte swizzled rows
+// as TMA would write them (16-byte piece c of row r at c ^ r % 8), which the M-major
+// descriptor of gemm_dq reads.
+template <class Cfg, typename T>
+__device__ void store_ds_t(T* dST, const uint32_t (&dS)[Cfg::B_r / Cfg::kK][4]) {
+  const Fragment f;
+  char* base = reinterpret_cast<char*>(dST);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::B_r / Cfg::kK; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // entries 8kk + 2r, + 1: i = 2kk + r / 2, slot r % 2
+      const int row = f.row[r % 2], col = 8 * (2 * kk + r / 2) + f.col_base;
+      const int byte = col * int(sizeof(T));
+      *reinterpret_cast<uint32_t*>(base + row * Cfg::kRowBytes + ((byte / 16) ^ (row % 8)) * 16 + byte % 16) =
+          dS[kk][r];
+    }
+}
+
+// This warpgroup's columns [c0, c0 + d/2) of dQ_i (complete sums) into the buffer, laid out as
+// dQ_acc (fa2_backward.h: dq_acc_offset) for the Q block's 64 rows; half = buf + offset(0, c0)
+// (c0 is a multiple of 8: whole 8 x 8 blocks). A warp's 8-byte stores of one (i, slot) are
+// one 8 x 8 block (rows 16w + l/4 + 8 slot, columns c0 + 8i + 2 (l % 4)): 256 consecutive
+// bytes, no bank conflict.
+template <class Cfg, int D>
+__device__ void store_dq(float* half, const float (&dQ)[D / 4]) {
+  const Fragment f;
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot)
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i)
+      *reinterpret_cast<float2*>(half + fa2::dq_acc_offset<D>(f.row[slot], 8 * i + f.col_base)) =
+          make_float2(dQ[4 * i + 2 * slot], dQ[4 * i + 2 * slot + 1]);
+}
+
+// The buffer's rows that exist in dQ_acc (whose rows per head are Nq rounded up to 8), added
+// there by one bulk reduction: query0 is a multiple of 64, so they are one contiguous range.
+template <int D, typename T>
+__device__ void reduce_dq(const float* buf, const BwdParams<T>& p, int bh, int query0, int rows) {
+  const int live = min(rows, int(fa2::dq_acc_rows(p.Nq)) - query0);  // a multiple of 8
+  bulk_reduce_add_f32(p.dq_acc + fa2::dq_acc_index<D>(bh, query0, 0, p.Nq), buf, uint32_t(live) * D * sizeof(float));
+  bulk_commit_group();
+}
+
+// dK_j (× scale) and dV_j of this warpgroup's keys, those inside Nk.
+template <class Cfg, int D, typename T>
+__device__ void store_dkv(const float (&dK)[D / 2], const float (&dV)[D / 2], const BwdParams<T>& p, const Work& w,
+                          int wg_key0) {
+  const Fragment f;
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    const int key = wg_key0 + f.row[slot];
+    if (key >= p.Nk) continue;
+    const size_t x = (size_t(w.bh_kv) * p.Nk + key) * D + f.col_base;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<uint32_t*>(p.dk + x + 8 * i) =
+          pack2<T>(p.scale * dK[4 * i + 2 * slot], p.scale * dK[4 * i + 2 * slot + 1]);
+      *reinterpret_cast<uint32_t*>(p.dv + x + 8 * i) = pack2<T>(dV[4 * i + 2 * slot], dV[4 * i + 2 * slot + 1]);
+    }
+  }
+}
+
+// Named barriers of both consumer warpgroups (256 threads), each synced once per step.
+constexpr int kDsStored = 1;  // the CTA's dSᵀ tile is complete; the dQ buffer is free
+constexpr int kDqStored = 2;  // dQ_i's two halves are in the buffer
+
+// ---------------------------------------------------------------------------------------
+// A consumer warpgroup (wg = 0, 1): keys key0 + 64 wg ..., every step of the CTA.
+// ---------------------------------------------------------------------------------------
+template <class Cfg, int D, typename T, class Smem>
+__device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
+  constexpr int kOps = Cfg::B_r / Cfg::kK;
+  const int wg_key0 = w.key0 + wg * Cfg::kWgKeys;
+  const T* K_wg = s.k + wg * Cfg::kWgKeys * Cfg::kChunkCols;  // row 64 wg of chunk 0
+  const T* V_wg = s.v + wg * Cfg::kWgKeys * Cfg::kChunkCols;
+  T* dST = s.ds + wg * Cfg::kWgKeys * Cfg::B_r;  // this warpgroup's 64 rows of the CTA's dSᵀ
+  const int c0 = wg * (D / Cfg::kConsumers);      // this warpgroup's half of dQ_i's columns
+  const bool issuer = wg == 0 && threadIdx.x % Cfg::kWgThreads == 0;  // issues the CTA's bulk reductions
+  const bool keys_ragged = wg_key0 + Cfg::kWgKeys > p.Nk;
+
+  float dK[D / 2], dV[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dK[i] = dV[i] = 0.f;
+
+  mbarrier_wait(&s.kv_full, 0);
+  Pos at{w.bh0, w.first_i};
+  for (int n = 0; n < w.steps; ++n, at = at.next(w)) {
+    const int stage = n % Cfg::kStages;
+    const int query0 = at.block * Cfg::B_r;
+    mbarrier_wait(&s.full[stage], (n / Cfg::kStages) & 1);
+    const T* Q_i = s.q[stage];
+    const T* dO_i = s.dout[stage];
+
+    uint32_t P[kOps][4], dS_op[kOps][4];
+    {
+      float S[Cfg::B_r / 2], dP[Cfg::B_r / 2];
+      gemm_t<Cfg>(S, K_wg, Q_i);    // line 9:  Sᵀ = K_j Q_iᵀ
+      gemm_t<Cfg>(dP, V_wg, dO_i);  // line 12: dPᵀ = V_j dO_iᵀ
+      wgmma_wait<1>();
+      pin_registers(S);
+      // line 10: Pᵀ, masked where a key is past Nk or (causal) right of a query's diagonal
+      if (keys_ragged || (p.causal && wg_key0 + Cfg::kWgKeys - 1 > query0 + (p.Nk - p.Nq)))
+        probs_t<Cfg, true>(S, s.lse2[stage], p, wg_key0, query0);
+      else
+        probs_t<Cfg, false>(S, s.lse2[stage], p, wg_key0, query0);
+      to_operand<Cfg, T>(S, P);
+      wgmma_wait<0>();
+      pin_registers(dP);
+      ds_t<Cfg, T>(dP, P, s.dsum[stage]);  // line 13: dSᵀ = Pᵀ ∘ (dPᵀ − D_i)
+      to_operand<Cfg, T>(dP, dS_op);
+    }
+    // lines 11, 15: dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i, one commit group
+    pin_registers(dV);
+    pin_registers(dK);
+    wgmma_fence();
+    gemm_acc<Cfg, T, D>(dV, P, dO_i);
+    gemm_acc<Cfg, T, D>(dK, dS_op, Q_i);
+    wgmma_commit();
+    pin_registers(dV);
+    pin_registers(dK);
+    // line 14: dQ_i = dS_ij K_j. This warpgroup's dSᵀ into the CTA's tile (every thread of
+    // both passed kDqStored of the last step after its dQ wgmma had read the tile), visible
+    // to wgmma (async proxy); the issuer's last bulk add has read the dQ buffer.
+    store_ds_t<Cfg, T>(dST, dS_op);
+    fence_proxy_async_shared();
+    if (issuer) bulk_wait_group_read<0>();
+    named_barrier_sync(kDsStored, 2 * Cfg::kWgThreads);
+    wgmma_wait<0>();  // dV, dK done: Q_i, dO_i (and L_i, D_i, read above) are free
+    pin_registers(dV);
+    pin_registers(dK);
+    // Every consumer thread arrives: each releases its own reads of L_i and D_i, which the
+    // producer's lanes overwrite with plain stores on the next lap (compute-sanitizer's
+    // racecheck flagged one arrival per warp after __syncwarp).
+    mbarrier_arrive(&s.empty[stage]);
+    float dQ[D / 4];
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) dQ[i] = 0.f;
+    // columns c0.. over all 128 keys: K_j's chunk of column c0, c0 % 64 columns in
+    gemm_dq<Cfg, T, D>(dQ, s.ds, s.k + c0 / Cfg::kChunkCols * Cfg::B_c * Cfg::kChunkCols + c0 % Cfg::kChunkCols);
+    wgmma_wait<0>();
+    pin_registers(dQ);
+    // line 14's add: both halves in the buffer, visible to the copy engine, one bulk add.
+    store_dq<Cfg, D>(s.dq + fa2::dq_acc_offset<D>(0, c0), dQ);
+    fence_proxy_async_shared();
+    named_barrier_sync(kDqStored, 2 * Cfg::kWgThreads);
+    if (issuer) reduce_dq<D>(s.dq, p, at.bh, query0, Cfg::B_r);
+  }
+  store_dkv<Cfg, D>(dK, dV, p, w, wg_key0);  // line 17
+  if (issuer) bulk_wait_group<0>();  // the adds are done before the CTA's shared memory goes
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const __grid_constant__ BwdParams<T> p) {
+  using Cfg = Config<D, T>;
+  using Smem = SharedStorage<Cfg, T, D>;
+  extern __shared__ uint8_t smem_raw[];
+  Smem& s = shared_storage<Smem>(smem_raw);  // LDS/STS, not LD/ST
+  if (threadIdx.x == 0) {
+    mbarrier_init(&s.kv_full, 1);
+    for (int i = 0; i < Cfg::kStages; ++i) {
+      mbarrier_init(&s.full[i], 32);                          // the producer warp's lanes (+ TMA bytes)
+      mbarrier_init(&s.empty[i], Cfg::kConsumers * Cfg::kWgThreads);  // every consumer thread
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  const Work w(p, Cfg::B_c, Cfg::B_r);
+  const int wg = threadIdx.x / Cfg::kWgThreads;
+  if (wg == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x < 32) produce<Cfg>(s, p, w);
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    consume<Cfg, D>(s, p, w, wg - 1);
+  }
+}
+
+template <int D, typename T>
+void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_t stream) {
+  using Cfg = Config<D, T>;
+  static_assert(Cfg::B_c == step06e::kBwdKeysPerCta, "the grid and refusals of stages.cu count 06e's blocks");
+  static_assert(Cfg::B_r == step06e::kBwdRowsPerStep, "stages.cu's HBM model takes steps of 06e's rows");
+  constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
+  configure_kernel<fa3_backward<D, T>>(Cfg::kThreads, kSmemBytes);
+
+  // The pre-pass (D, dQ_acc = 0) and the post-pass (dQ) are 05's: the same workspace.
+  fa2::BwdParams<T> f{};
+  f.o = static_cast<const T*>(t.o);
+  f.dout = static_cast<const T*>(t.dout);
+  float* ws = static_cast<float*>(t.workspace);
+  f.dq_acc = ws;
+  f.D = ws + fa2::dq_acc_elems(pr);
+  f.Nq = pr.Nq;
+  const int64_t rows = pr.lse_elems();
+  constexpr int kMaxBlocks = 8192, kRowsPerBlock = fa2::kPrepassThreads / fa2::kPrepassLanes<D>;
+  const int64_t prepass_blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);
+  fa2::fa2_backward_prepass<T, D><<<unsigned(prepass_blocks), fa2::kPrepassThreads, 0, stream>>>(f, rows);
+  CUDA_CHECK_LAUNCH();
+
+  constexpr CUtensorMapDataType kType = tensor_map_type<T>();
+  constexpr int kBytes = int(sizeof(T));
+  BwdParams<T> p{};
+  p.q_map = make_tensor_map_3d(t.q, kType, pr.B * pr.H, pr.Nq, D, Cfg::B_r, kBytes, Cfg::kSwizzle);
+  p.do_map = make_tensor_map_3d(t.dout, kType, pr.B * pr.H, pr.Nq, D, Cfg::B_r, kBytes, Cfg::kSwizzle);
+  p.k_map = make_tensor_map_3d(t.k, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
+  p.v_map = make_tensor_map_3d(t.v, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
+  p.lse = t.lse;
+  p.D = f.D;
+  p.dq_acc = f.dq_acc;
+  p.dk = static_cast<T*>(t.dk);
+  p.dv = static_cast<T*>(t.dv);
+  p.H = pr.H;
+  p.Hkv = pr.Hkv;
+  p.group = pr.group();
+  p.Nq = pr.Nq;
+  p.Nk = pr.Nk;
+  p.T_c = (pr.Nk + Cfg::B_c - 1) / Cfg::B_c;
+  p.causal = pr.causal;
+  p.scale = pr.softmax_scale();
+  p.scale_log2 = p.scale * float(M_LOG2E);
+  fa3_backward<D, T><<<unsigned(int64_t(p.T_c) * pr.B * pr.Hkv), Cfg::kThreads, kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+
+  const int64_t chunks = pr.q_elems() / fa2::kChunkElems;
+  constexpr int kConvertThreads = 256;
+  const int64_t convert_blocks = std::min<int64_t>((chunks + kConvertThreads - 1) / kConvertThreads, kMaxBlocks);
+  fa2::fa2_backward_convert_dq<T, D><<<unsigned(convert_blocks), kConvertThreads, 0, stream>>>(
+      f.dq_acc, static_cast<T*>(t.dq), chunks, pr.Nq, p.scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn::fa3::step06i
