@@ -903,6 +903,80 @@ def fig_06gh(path):
     save(fig, path)
 
 
+# Per-SM rates of sm_90 (CUDA C++ Programming Guide, arithmetic instructions): exp2 on the
+# MUFU, fp32 add/multiply; shared memory moves 128 bytes per cycle.
+SM90_MUFU_PER_CYCLE, SM90_FP32_PER_CYCLE, SMEM_BYTES_PER_CYCLE = 16, 128, 128
+
+
+def bwd_step_model(d=128):
+    """One CTA step of 06i and 06j at head dim d, both consumer warpgroups in lockstep (their
+    barriers keep them so): the five GEMMs at the SM's dense rate, the elementwise phases at the
+    MUFU / FP32 / shared-memory rates above. Returns {step: (warp bars, tensor bars, end)}."""
+    c = fa3_bwd_config()
+    b_c, b_r = c["B_c"], c["B_r"]
+    gemm = 2.0 * b_c * b_r * d / H100_FLOP_PER_CYCLE  # each of the five, both warpgroups
+    exps = b_c * b_r / SM90_MUFU_PER_CYCLE + 2 * b_c * b_r / SM90_FP32_PER_CYCLE  # exp2, FFMA, pack
+    ds = 3 * b_c * b_r / SM90_FP32_PER_CYCLE  # dPᵀ − D_i, × Pᵀ, pack
+    ds_store = 2 * b_c * b_r / SMEM_BYTES_PER_CYCLE
+    dq_store = 4 * b_r * d / SMEM_BYTES_PER_CYCLE  # the fp32 tile (the copy engine's read is not the warps')
+    out = {}
+    for step in ("06i", "06j"):
+        warps, tc = [], []
+        tc += [(0, gemm, "①"), (gemm, gemm, "②")]
+        warps.append((0, gemm, C_WAIT, ""))
+        t = gemm + exps  # Pᵀ in registers
+        warps.append((gemm, exps, C_SOFT, "exp2"))
+        if step == "06i":
+            warps.append((t, max(0, 2 * gemm - t), C_WAIT, ""))
+            t = max(t, 2 * gemm)
+            warps.append((t, ds, C_SOFT, "dSᵀ"))
+            t += ds
+            tc += [(t, gemm, "③"), (t + gemm, gemm, "④")]
+            warps.append((t, ds_store, C_SMEM, "st"))
+            warps.append((t + ds_store, 2 * gemm - ds_store, C_WAIT, ""))
+            t += 2 * gemm
+            tc.append((t, gemm, "⑤"))
+            warps.append((t, gemm, C_WAIT, ""))
+            t += gemm
+            warps.append((t, dq_store, C_SMEM, "dQ_i"))
+            end = t + dq_store
+        else:
+            start3 = max(t, 2 * gemm)
+            tc.append((start3, gemm, "③"))
+            t = max(t, 2 * gemm)  # dPᵀ done
+            warps.append((t, ds, C_SOFT, "dSᵀ"))
+            t += ds
+            warps.append((t, ds_store, C_SMEM, "st"))
+            t += ds_store
+            start5 = max(t, start3 + gemm)
+            tc += [(start5, gemm, "⑤"), (start5 + gemm, gemm, "④")]
+            warps.append((t, start5 + gemm - t, C_WAIT, ""))
+            t = start5 + gemm
+            warps.append((t, dq_store, C_SMEM, "dQ_i"))
+            warps.append((t + dq_store, max(0, start5 + 2 * gemm - t - dq_store), C_WAIT, ""))
+            end = max(t + dq_store, start5 + 2 * gemm)
+        out[step] = (warps, [(a, b, C_GEMM, txt) for a, b, txt in tc], end)
+    return c, gemm, out
+
+
+@figure("06_fa3_hopper/figures/06ij_issue_order.png")
+def fig_06ij(path):
+    c, gemm, steps = bwd_step_model()
+    fig, axes = plt.subplots(2, 1, figsize=(10.5, 3.9), sharex=True)
+    titles = {"06i": "06i: ③ ④ issued together after dSᵀ, ⑤ after both",
+              "06j": "06j: ③ as soon as Pᵀ is ready, ⑤ before ④, wait for ⑤ alone"}
+    for ax, (step, (warps, tc, end)) in zip(axes, steps.items()):
+        gantt(ax, [("warps (both WGs)", warps), ("tensor cores", tc)], xlabel="cycles" if step == "06j" else "")
+        busy = 5 * gemm / end
+        ax.set_title(f"{titles[step]}: one step ≈ {end:.0f} cycles, tensor cores busy {100 * busy:.0f} %", fontsize=9.5)
+    axes[1].annotate(f"A model of one CTA step at d = 128 (B_c = {c['B_c']}, B_r = {c['B_r']}): each GEMM "
+                     f"≈ {gemm:.0f} cycles at {H100_FLOP_PER_CYCLE} FLOP/cycle; exp2 at {SM90_MUFU_PER_CYCLE}/cycle, "
+                     f"fp32 at {SM90_FP32_PER_CYCLE}/cycle,\nshared memory at {SMEM_BYTES_PER_CYCLE} B/cycle. "
+                     "Grey: waiting. No latencies: the measured step is longer (06i_bwd.md).",
+                     xy=(0, 0), xycoords="axes fraction", xytext=(0, -40), textcoords="offset points", fontsize=8, va="top")
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/06d2_lazy_rescale.png")
 def fig_06d2(path):
     (thr,) = parse("06_fa3_hopper/fa3_launch.h", r"kRescaleLog2 = ([\d.]+)f;", float)
