@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Checks in the SASS what 06_fa3_hopper/06i_bwd.md says of the backward steps 06h-06j.
+
+For each fa3_backward kernel of 06h, 06i and 06j (every head dim and dtype built):
+  generic     plain loads and stores of shared memory through a generic pointer (`LD.E`,
+              `ST.E`, not `LDS`/`STS`/`LDG`/`STG`). 06h has them (aligned_shared's integer
+              round trip, the pitfall 06i removes); 06i and 06j must have none.
+  pipelined   every wgmma group (a run of HGMMA ending with the one that carries `gsb0`)
+              holds more than one HGMMA: when ptxas serializes a kernel's wgmmas (a wait
+              inside a branch, too few registers) each HGMMA becomes a group of its own.
+  06j order   the loop issues, in address order, Sᵀ and dPᵀ (SS), dV (RS), dQ_i (SS), dK (RS);
+              the first wait after dV leaves one group pending (dPᵀ done, dV in flight); the
+              first wait after dK leaves one pending (dQ_i done, dK in flight), and the dQ_i
+              stores (`STS.64`) come before the wait for dK.
+Exit 0: all hold; 1: a violation; 77 (CTest: skipped): no cuobjdump, or a library built
+without these steps (a lab build).
+
+    scripts/sass_backward.py build/libattn_ladder.so
+"""
+
+import argparse
+import pathlib
+import re
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from sass_order import SKIP, WAIT, find_cuobjdump, functions, groups, sass_of_binary  # noqa: E402
+
+STEPS = {"06h": ("06h_bwd", False), "06i": ("06i_bwd", True), "06j": ("06j_bwd", True)}  # ELF name, must be LDS/STS
+GENERIC = re.compile(r"^(?:@!?U?P\w+\s+)?(?:LD|ST)\.E\b")
+
+
+def generic_count(code):
+    return sum(1 for _, t in code if GENERIC.match(t))
+
+
+def check_06j_order(code, lines):
+    gs = groups(code)
+    kinds = [g["kind"] for g in gs]
+    for k in range(len(gs) - 4):
+        if kinds[k:k + 5] == ["SS", "SS", "RS", "SS", "RS"]:
+            dv, dq, dk = gs[k + 2], gs[k + 3], gs[k + 4]
+            break
+    else:
+        lines.append(f"  VIOLATION: no SS SS RS SS RS issue order (groups: {' '.join(kinds)})")
+        return False
+    ok = True
+
+    def first_wait(after, before):
+        for i in range(after + 1, before):
+            w = WAIT.search(code[i][1])
+            if w:
+                return i, int(w.group(1), 16)
+        return None, None
+
+    i, pending = first_wait(dv["last"], dq["first"])
+    good = pending == 1
+    lines.append(f"  {'ok' if good else 'VIOLATION'}: after dV's issue the first wait leaves {pending} group(s) pending")
+    ok &= good
+    i, pending = first_wait(dk["last"], len(code))
+    good = pending == 1
+    lines.append(f"  {'ok' if good else 'VIOLATION'}: after dK's issue the first wait leaves {pending} group(s) pending")
+    ok &= good
+    if i is not None:
+        j, last = first_wait(i, len(code))
+        stores = sum(1 for _, t in code[i + 1:j if j else len(code)] if t.split()[0].startswith("STS.64")
+                     or (len(t.split()) > 1 and t.split()[1].startswith("STS.64")))
+        good = last == 0 and stores > 0
+        lines.append(f"  {'ok' if good else 'VIOLATION'}: {stores} STS.64 (dQ_i) before the wait for dK (0x{last or 0:x})")
+        ok &= good
+    return ok
+
+
+def check(sass_by_step):
+    all_ok = True
+    for step, sass in sass_by_step.items():
+        must_be_shared = STEPS[step][1]
+        kernels = functions(sass, rf"step{step}.*fa3_backward")
+        if not kernels:
+            print(f"{step}: no fa3_backward kernel found")
+            all_ok = False
+        for name, code in sorted(kernels.items()):
+            lines = [name]
+            n = generic_count(code)
+            good = n == 0 if must_be_shared else n > 0
+            want = "none" if must_be_shared else "some (the pitfall 06i removes)"
+            lines.append(f"  {'ok' if good else 'VIOLATION'}: {n} generic LD.E/ST.E, {want} expected")
+            ok = good
+            gs = groups(code)
+            single = sum(1 for g in gs if g["count"] == 1)
+            good = bool(gs) and single == 0
+            lines.append(f"  {'ok' if good else 'VIOLATION'}: {len(gs)} wgmma groups, {single} of a single HGMMA")
+            ok &= good
+            if step == "06j":
+                ok &= check_06j_order(code, lines)
+            print("\n".join(lines))
+            all_ok &= ok
+    return all_ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("binary", help="library .so, object or cubin with the backward kernels")
+    args = ap.parse_args()
+    cuobjdump = find_cuobjdump()
+    if not cuobjdump:
+        print("skipped: no cuobjdump ($CUOBJDUMP, PATH, /usr/local/cuda/bin, the nvidia-cuda-cuobjdump wheel)")
+        return SKIP
+    sass_by_step = {}
+    for step, (elf, _) in STEPS.items():
+        sass = sass_of_binary(cuobjdump, args.binary, elf)
+        if sass is None:
+            print(f"skipped: no ELF image named *{elf}* in {args.binary} (a build without the backward steps?)")
+            return SKIP
+        sass_by_step[step] = sass
+    ok = check(sass_by_step)
+    print("06h-06j's SASS is as 06i_bwd.md says" if ok else "FAILED: see VIOLATION above")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
