@@ -119,8 +119,8 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 }
 
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
-// 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh) for the head dims they were built for (fa3::BwdHeadDims), with 05's
-// workspace (dQ_acc, D).
+// 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh) for the head
+// dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
 constexpr BwdStep kBackwardOf06d = BwdStep::j_issue_order;
@@ -255,8 +255,8 @@ Fp8E4m3LaunchFn fp8_e4m3_launch_for(int d) {
 std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
   // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns,
-  // 06i_bwd_shared_space and 06j_bwd_issue_order run 06d's
-  // forward and their own backward, each checked against the step before it.
+  // 06i_bwd_shared_space and 06j_bwd_issue_order run 06d's forward and their own backward,
+  // each checked against the step before it.
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
   };

@@ -53,21 +53,19 @@ def check_06j_order(code, lines):
                 return i, int(w.group(1), 16)
         return None, None
 
-    i, pending = first_wait(dv["last"], dq["first"])
-    good = pending == 1
-    lines.append(f"  {'ok' if good else 'VIOLATION'}: after dV's issue the first wait leaves {pending} group(s) pending")
-    ok &= good
+    def verdict(good, text):
+        lines.append(f"  {'ok' if good else 'VIOLATION'}: {text}")
+        return good
+
+    _, pending = first_wait(dv["last"], dq["first"])
+    ok &= verdict(pending == 1, f"after dV's issue the first wait leaves {pending} group(s) pending")
     i, pending = first_wait(dk["last"], len(code))
-    good = pending == 1
-    lines.append(f"  {'ok' if good else 'VIOLATION'}: after dK's issue the first wait leaves {pending} group(s) pending")
-    ok &= good
+    ok &= verdict(pending == 1, f"after dK's issue the first wait leaves {pending} group(s) pending")
     if i is not None:
         j, last = first_wait(i, len(code))
-        stores = sum(1 for _, t in code[i + 1:j if j else len(code)] if t.split()[0].startswith("STS.64")
-                     or (len(t.split()) > 1 and t.split()[1].startswith("STS.64")))
-        good = last == 0 and stores > 0
-        lines.append(f"  {'ok' if good else 'VIOLATION'}: {stores} STS.64 (dQ_i) before the wait for dK (0x{last or 0:x})")
-        ok &= good
+        ops = [t.split()[1] if t.startswith("@") else t.split()[0] for _, t in code[i + 1:j or len(code)]]
+        stores = sum(1 for op in ops if op.startswith("STS.64"))
+        ok &= verdict(last == 0 and stores > 0, f"{stores} STS.64 (dQ_i) before the wait for dK (0x{last or 0:x})")
     return ok
 
 
