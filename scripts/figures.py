@@ -34,6 +34,9 @@ REF = REPO / "results" / "nvidia_h100_80gb_hbm3"  # the reference run the lesson
 DPI = 110
 H100_SMEM_OPTIN = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on an H100 (227 KiB)
 H100_FLOP_PER_CYCLE = 4096  # dense bf16 FLOP per SM per cycle (06d.md)
+# Per-SM rates of sm_90 (CUDA C++ Programming Guide, arithmetic instructions): exp2 on the
+# MUFU, fp32 add/multiply; shared memory moves 128 bytes per cycle.
+SM90_MUFU_PER_CYCLE, SM90_FP32_PER_CYCLE, SMEM_BYTES_PER_CYCLE = 16, 128, 128
 
 # Figures drawn here that no lesson links yet, with the reason (--check allows them).
 AWAITING = {
@@ -901,11 +904,6 @@ def fig_06gh(path):
     fig.suptitle(f"Where the partial sums of dQ_i meet, per CTA and step (d = {d}, B_r = {b_r}, "
                  f"{consumers} consumer warpgroups of 64 keys)", fontsize=10)
     save(fig, path)
-
-
-# Per-SM rates of sm_90 (CUDA C++ Programming Guide, arithmetic instructions): exp2 on the
-# MUFU, fp32 add/multiply; shared memory moves 128 bytes per cycle.
-SM90_MUFU_PER_CYCLE, SM90_FP32_PER_CYCLE, SMEM_BYTES_PER_CYCLE = 16, 128, 128
 
 
 def bwd_step_model(d=128):
