@@ -587,7 +587,13 @@ def plot_inflight(path, out_dir):
     for c in sorted({int(r["ctas_per_sm"]) for r in stream}):
         pts = sorted((float(r["bytes_in_flight_per_sm"]) / 1e3, float(r["read_gbps"]))
                      for r in stream if int(r["ctas_per_sm"]) == c)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=f"{c} CTA{'s' if c > 1 else ''} per SM")
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=f"cp.async, {c} CTA{'s' if c > 1 else ''} per SM")
+    bulk = [r for r in rows if r.get("kind") == "bulk"]  # the same ring filled by cp.async.bulk (sm_90)
+    for c in sorted({int(r["ctas_per_sm"]) for r in bulk}):
+        pts = sorted((float(r["bytes_in_flight_per_sm"]) / 1e3, float(r["read_gbps"]))
+                     for r in bulk if int(r["ctas_per_sm"]) == c)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "x--", lw=0.9,
+                label=f"cp.async.bulk, {c} CTA{'s' if c > 1 else ''} per SM")
     if copy:
         ax.axhline(copy[0], color="gray", ls=":", label=f"device copy, read + written ({copy[0]:.0f} GB/s)")
         ax.axhline(0.9 * copy[0], color="gray", ls="--", lw=0.8, label="90 % of it")
@@ -602,8 +608,8 @@ def plot_inflight(path, out_dir):
     ax.set_xlabel("bytes in flight per SM (kB): CTAs per SM x (stages - 1) x 8 kB")
     ax.set_ylabel("read bandwidth (GB/s)")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.suptitle(f"Little's law on the GPU at hand: a cp.async ring's read rate\n{stream[0]['gpu'] if stream else ''}")
+    ax.legend(loc="lower right", fontsize="small")
+    fig.suptitle(f"Little's law on the GPU at hand: a copy ring's read rate\n{stream[0]['gpu'] if stream else ''}")
     return save(fig, out_dir, "inflight_bw.png")
 
 
