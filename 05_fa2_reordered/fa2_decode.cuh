@@ -47,7 +47,7 @@ struct DecodeParams {
   const int* seq_lens;     // [B]
   int Hkv, num_pages, page_size, max_pages;
   int page_shift;          // log2(page_size) where page_size is a power of two, else -1
-  PagedErrorWord* error;   // the workspace's head, zeroed by the launch
+  PagedErrorWord* error;   // the workspace's head: [B][splits] fault records (fa2_decode.h)
 };
 
 // S = -inf where a key is past what packed row r (query row r % Nq) sees: key >= Nk (this
@@ -121,16 +121,6 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
   }
 }
 
-// Reports a bad block table or length: sets `bit` in the error word, and the first reporter
-// records where.
-__device__ __forceinline__ void report_paged_error(PagedErrorWord* e, int bit, int sequence, int position, int value) {
-  if (atomicOr(&e->flags, bit) == 0) {
-    e->sequence = sequence;
-    e->position = position;
-    e->value = value;
-  }
-}
-
 // Kernel 1: FA2's loop over the key blocks of split blockIdx.z, for row block blockIdx.y of
 // (batch, KV head) blockIdx.x. Paged: K and V from the paged cache, the keys of this
 // sequence only (seq_lens[b]).
@@ -153,27 +143,34 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   const int key_begin = split * p.keys_per_split;
   bool bad = false;
   if constexpr (kPaged) {
-    // Check before any load: the length, then every page index this CTA's keys use (the
-    // entries before max_pages only: a good length never reaches past them).
-    Nk = p.seq_lens[b];
+    // Check before any key is loaded: the length, then every page index this CTA's keys use
+    // (entries past a sequence's length may hold anything and are not faults). The entries'
+    // loads do not wait for the length's: the loop runs over the split's columns below
+    // max_pages, which are always in the table, and the length only decides which count, so
+    // one memory round trip, not two, comes before the first copy.
     pages = p.block_table + int64_t(b) * p.max_pages;
-    if (Nk < 0 || Nk > p.max_pages * p.page_size) {
-      bad = true;
-      if (threadIdx.x == 0 && head == 0 && split == 0 && blockIdx.y == 0)
-        report_paged_error(p.error, Nk < 0 ? kBadLength : kLengthBeyondPages, b, -1, Nk);
-    } else {
-      const int key_last = min(Nk, key_begin + p.keys_per_split) - 1;
-      const int first_page = key_begin / p.page_size;
-      const int last_page = key_last >= key_begin ? key_last / p.page_size : first_page - 1;
-      bool mine = false;
-      for (int c = first_page + int(threadIdx.x); c <= last_page; c += Cfg::kThreads) {
-        const int page = pages[c];
-        if (page < 0 || page >= p.num_pages) {
-          mine = true;
-          report_paged_error(p.error, kPageOutOfRange, b, c, page);
-        }
+    Nk = p.seq_lens[b];
+    const int first_page = key_begin / p.page_size;
+    const int end_page = int(min(int64_t(p.max_pages), (int64_t(key_begin) + p.keys_per_split + p.page_size - 1) / p.page_size));
+    bool mine = false;
+    for (int c = first_page + int(threadIdx.x); c < end_page; c += Cfg::kThreads) {
+      const int page = pages[c];
+      mine |= int64_t(c) * p.page_size < Nk && (page < 0 || page >= p.num_pages);
+    }
+    const bool bad_length = Nk < 0 || Nk > p.max_pages * p.page_size;
+    bad = __syncthreads_or(mine) || bad_length;
+    if (threadIdx.x == 0 && head == 0 && blockIdx.y == 0) {  // this (b, split)'s record, fault or not
+      PagedErrorWord e{0, b, -1, Nk};
+      if (bad_length) {
+        e.flags = Nk < 0 ? kBadLength : kLengthBeyondPages;
+      } else if (bad) {  // rare: find the first bad column again
+        for (int c = first_page; c < end_page; ++c)
+          if (int64_t(c) * p.page_size < Nk && (pages[c] < 0 || pages[c] >= p.num_pages)) {
+            e = PagedErrorWord{kPageOutOfRange, b, c, pages[c]};
+            break;
+          }
       }
-      bad = __syncthreads_or(mine);
+      p.error[int64_t(b) * p.splits + split] = e;
     }
   }
   const int key_end = min(Nk, key_begin + p.keys_per_split);
@@ -354,7 +351,7 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const PagedK
   prm.v = static_cast<const T*>(kv ? kv->v_cache : t.v);
   prm.o = static_cast<T*>(t.o);
   prm.lse = t.lse;
-  unsigned char* partials = static_cast<unsigned char*>(t.workspace) + (kv ? kPagedHeaderBytes : 0);
+  unsigned char* partials = static_cast<unsigned char*>(t.workspace) + (kv ? paged_header_bytes(p.B, split.splits) : 0);
   prm.o_part = split.splits > 1 ? reinterpret_cast<float*>(partials) : nullptr;
   prm.lse_part = split.splits > 1 ? prm.o_part + rows * split.splits * kD : nullptr;
   prm.Nq = p.Nq;
@@ -378,8 +375,7 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const PagedK
     prm.page_size = kv->page_size;
     prm.page_shift = (kv->page_size & (kv->page_size - 1)) == 0 ? __builtin_ctz(unsigned(kv->page_size)) : -1;
     prm.max_pages = kv->max_pages;
-    prm.error = static_cast<PagedErrorWord*>(t.workspace);
-    CUDA_CHECK(cudaMemsetAsync(prm.error, 0, sizeof(PagedErrorWord), stream));
+    prm.error = static_cast<PagedErrorWord*>(t.workspace);  // every record rewritten: nothing to zero
   }
 
   auto split_kernel = kv ? fa2_decode_split_kernel<T, Cfg, true> : fa2_decode_split_kernel<T, Cfg, false>;

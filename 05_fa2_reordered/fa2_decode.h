@@ -229,25 +229,38 @@ constexpr int kPageSizeMax = 1 << 16;
 
 // Bad tables and lengths are found on the device (the host cannot read them without a
 // synchronization a CUDA graph forbids). Each CTA checks its sequence's length and every page
-// index it would use before it loads anything; a bad one is never dereferenced: the CTA
-// writes NaN (O and lse), sets a bit of an error word at the head of the workspace and, the
-// first to do so, the sequence, the position and the value. The launch zeroes the word first
-// (a memset node in a graph). decode_paged_check reads it after the work is done.
+// index its keys use before it loads a key; a bad one is never dereferenced: the CTA writes NaN
+// (O and lse). The faults land in records at the head of the workspace, one per (sequence b,
+// split s), each written by the first CTA of that pair (KV head 0, row block 0) whether it found
+// a fault or not. So the launch zeroes nothing: a memset before the kernel would be one more
+// node in a graph, about a microsecond and a half of a short step. decode_paged_check reads the
+// records after the work is done and reports the first fault (lowest b, then lowest column).
 enum PagedError : int { kBadLength = 1, kLengthBeyondPages = 2, kPageOutOfRange = 4 };
 struct PagedErrorWord {
-  int flags;     // PagedError bits
-  int sequence;  // the first bad sequence found
+  int flags;     // one PagedError bit, or 0: no fault
+  int sequence;  // b
   int position;  // its block-table column (kPageOutOfRange), or -1
   int value;     // the bad length or page index
 };
-constexpr size_t kPagedHeaderBytes = 256;  // the error word, padded so the partials stay aligned
+// The records of B sequences by `splits`, padded so the partials after them stay aligned.
+inline size_t paged_header_bytes(int B, int splits) {
+  const size_t bytes = size_t(B) * size_t(splits) * sizeof(PagedErrorWord);
+  return (bytes + 255) / 256 * 256;
+}
 
 // The paged problem as AttnProblem: Nk is the capacity max_pages * page_size (the grid's keys).
 inline size_t decode_paged_workspace_bytes(const AttnProblem& p, const DecodeSplit& s) {
-  return kPagedHeaderBytes + decode_workspace_bytes(p, s);
+  return paged_header_bytes(p.B, s.splits) + decode_workspace_bytes(p, s);
 }
 
-// The error word's message ("" when flags == 0).
+// The first fault among n records in (b, split) order (flags == 0: none).
+inline PagedErrorWord first_paged_error(const PagedErrorWord* records, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (records[i].flags != 0) return records[i];
+  return PagedErrorWord{0, 0, 0, 0};
+}
+
+// A fault record's message ("" when flags == 0).
 inline std::string paged_error_message(const PagedErrorWord& e, int page_size, int max_pages, int num_pages) {
   if (e.flags == 0) return "";
   std::string what;
@@ -275,5 +288,7 @@ void launch_fa2_decode_paged(const AttnProblem& p, const PagedKV& kv, const Attn
 // host can see (shapes, page size, dtype, head dim, pointers) before any launch.
 void run_decode_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t, cudaStream_t stream);
 size_t decode_paged_workspace(const AttnProblem& p);  // validates too
+// The fault records' count in the workspace's head: B x the split count of this device.
+size_t decode_paged_records(const AttnProblem& p);
 
 }  // namespace attn::fa2

@@ -363,6 +363,10 @@ size_t decode_paged_workspace(const AttnProblem& p) {
   return decode_paged_workspace_bytes(p, decode_split(p, decode_device()));
 }
 
+size_t decode_paged_records(const AttnProblem& p) {
+  return size_t(p.B) * size_t(decode_split(p, decode_device()).splits);
+}
+
 void run_decode_paged(const AttnProblem& p, const PagedKV& kv, const AttnTensors& t, cudaStream_t stream) {
   check_paged(p, kv, t);
   dispatch(p, DecodeDims{}, [&](auto element, auto d) {

@@ -343,11 +343,15 @@ extern "C" int attn_decode_paged_check(const attn_paged_problem_t* cp, const voi
     CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
     if (capturing != cudaStreamCaptureStatusNone) return;  // no synchronization inside a capture
 #ifdef ATTN_HAS_RUNG_05
-    attn::fa2::PagedErrorWord word{};
-    CUDA_CHECK(cudaMemcpyAsync(&word, workspace, sizeof(word), cudaMemcpyDeviceToHost, stream));
+    const attn::AttnProblem p = paged_problem(*cp);
+    attn::validate_problem(decode_stage(), p);
+    std::vector<attn::fa2::PagedErrorWord> records(attn::fa2::decode_paged_records(p));
+    CUDA_CHECK(cudaMemcpyAsync(records.data(), workspace, records.size() * sizeof(records[0]),
+                               cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     if (checked) *checked = 1;
-    const std::string msg = attn::fa2::paged_error_message(word, cp->page_size, cp->max_pages, cp->num_pages);
+    const std::string msg = attn::fa2::paged_error_message(
+        attn::fa2::first_paged_error(records.data(), records.size()), cp->page_size, cp->max_pages, cp->num_pages);
     if (!msg.empty()) throw attn::AttnError(msg);
 #else
     throw attn::AttnError(kNoPagedDecode);

@@ -139,19 +139,19 @@ typedef struct {
   float scale; /* 0 = 1/sqrt(d) */
 } attn_paged_problem_t;
 
-/* The workspace attn_decode_paged_async needs (never 0: the error word's 256 bytes at least);
+/* The workspace attn_decode_paged_async needs (never 0: the fault records' 256 bytes at least);
    it depends on the current device: ask on the device it will run on. */
 int attn_decode_paged_workspace_bytes(const attn_paged_problem_t* p, size_t* bytes, char* err, size_t err_len);
 
-/* Validates what the host sees (sizes, page size, pointers, alignment, workspace), zeroes the
-   error word and enqueues the split and combine kernels on `stream`. Never allocates, never
+/* Validates what the host sees (sizes, page size, pointers, alignment, workspace) and
+   enqueues the split and combine kernels on `stream`. Never allocates, never
    synchronizes: a CUDA graph captures it. */
 int attn_decode_paged_async(const attn_paged_problem_t* p, const void* q, const void* k_cache, const void* v_cache,
                             const int* block_table, const int* seq_lens, void* o, float* lse, void* workspace,
                             size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
 /* After attn_decode_paged_async (or a replay of a graph holding it) on `stream`: waits for the
-   stream and reads the error word in `workspace`. ATTN_OK, or ATTN_INVALID_INPUT with the first
+   stream and reads the fault records in `workspace`. ATTN_OK, or ATTN_INVALID_INPUT with the first
    bad length or page index found ("seq_lens[3] = -5 is negative", "block_table[2][7] = 500 is
    not a page index in [0, 500)", ...); *checked = 1 (checked may be NULL). While `stream` is
    being captured it reads nothing (a synchronization would break the capture): ATTN_OK with

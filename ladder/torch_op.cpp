@@ -331,7 +331,7 @@ void check_paged_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 
 // o, lse of one decode step. A bad block table or length is never read (that sequence's o is
 // NaN); nothing synchronizes after the kernel: attn_ladder.decode_paged (ops.py) refuses bad
-// tables on the host before the run, and a C caller reads the kernel's error word with
+// tables on the host before the run, and a C caller reads the kernel's fault records with
 // attn_decode_paged_check.
 std::tuple<Tensor, Tensor> decode_paged(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                         const Tensor& block_table, const Tensor& seq_lens, bool causal, double scale) {

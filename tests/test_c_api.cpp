@@ -153,7 +153,7 @@ TEST(CApi, PagedDecodeWorkspaceAndRefusals) {
   size_t bytes = 0;
   const attn_paged_problem_t good{2, 8, 2, 4, 128, 10, 64, 5, 1, 0, 0.f};
   ASSERT_EQ(attn_decode_paged_workspace_bytes(&good, &bytes, err, sizeof err), ATTN_OK) << err;
-  EXPECT_GE(bytes, 256u);  // the error word's header at least
+  EXPECT_GE(bytes, 256u);  // the fault records' header at least
   struct Bad {
     attn_paged_problem_t c;
     const char* words;

@@ -395,8 +395,15 @@ TEST(Fa2Decode, PagedWorkspaceAndErrorMessages) {
   using namespace attn::fa2;
   AttnProblem p = tiny(1, 64 * 100, 128, false, 32, 8);  // capacity: 100 pages of 64
   const DecodeSplit s = decode_split(p, h100_like());
-  EXPECT_EQ(decode_paged_workspace_bytes(p, s), kPagedHeaderBytes + decode_workspace_bytes(p, s));
-  EXPECT_EQ(kPagedHeaderBytes % 16, 0u);  // the partials stay 16-byte aligned
+  EXPECT_EQ(decode_paged_workspace_bytes(p, s), paged_header_bytes(p.B, s.splits) + decode_workspace_bytes(p, s));
+  for (int B : {1, 3, 32, 1000})  // one record per (sequence, split), the partials 256-byte aligned after them
+    for (int splits : {1, 7, 16}) {
+      EXPECT_GE(paged_header_bytes(B, splits), size_t(B) * splits * sizeof(PagedErrorWord));
+      EXPECT_EQ(paged_header_bytes(B, splits) % 256, 0u);
+    }
+  const PagedErrorWord records[] = {{0, 0, -1, 5}, {0, 0, -1, 5}, {kPageOutOfRange, 1, 4, -2}, {kBadLength, 2, -1, -1}};
+  EXPECT_EQ(first_paged_error(records, 2).flags, 0);  // none among the first two
+  EXPECT_EQ(first_paged_error(records, 4).position, 4);  // the first fault in (b, split) order
   EXPECT_EQ(paged_error_message(PagedErrorWord{0, 0, 0, 0}, 64, 100, 500), "");
   EXPECT_NE(paged_error_message(PagedErrorWord{kBadLength, 3, -1, -5}, 64, 100, 500).find("seq_lens[3] = -5 is negative"),
             std::string::npos);

@@ -1,7 +1,7 @@
 // GPU tests of the paged decode (attn_decode_paged_async, fa2_decode.cuh's paged path): K and V
 // in pages [num_pages, page_size, Hkv, d] handed out in a random order, a block table with
 // out-of-range garbage past each sequence's pages, ragged lengths in one batch, against fp64 per
-// sequence; bad tables and lengths refused through the error word; a CUDA graph replayed with
+// sequence; bad tables and lengths refused through the fault records; a CUDA graph replayed with
 // new lengths; small shapes for compute-sanitizer. Without a GPU every test skips.
 #include <gtest/gtest.h>
 
@@ -234,11 +234,22 @@ TEST_F(Gpu, PagedDecodeRefusesBadTables) {
     RungOutput out = slice(b, c.seq);
     std::vector<double> o = download_as_double(out.o.get(), int64_t(b.c.H) * b.c.Nq * b.c.d, DType::bf16);
     EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](double x) { return std::isnan(x); })) << "bad sequence's O not NaN";
-    // Repaired, the same workspace reports nothing (the launch zeroes the error word).
+    // Repaired, the same workspace reports nothing (every record is rewritten: no fault carries over).
     b.table = good;
     CUDA_CHECK(cudaMemcpy(b.block_table.get(), b.table.data(), b.block_table.bytes(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(b.seq_lens.get(), b.lens.data(), b.seq_lens.bytes(), cudaMemcpyHostToDevice));
     EXPECT_EQ(run(b, stream_, &msg), ATTN_OK) << msg;
+  }
+  // Two bad sequences: the first one's fault is the one reported, whatever order the CTAs ran in.
+  {
+    PagedBatch b = make_batch(4, 2, 4, 64, 16, {20, 40, 70}, true, DType::bf16, 5, stream_);
+    b.table[size_t(2) * b.c.max_pages + 3] = -7;
+    b.table[size_t(1) * b.c.max_pages + 2] = b.c.num_pages;
+    CUDA_CHECK(cudaMemcpy(b.block_table.get(), b.table.data(), b.block_table.bytes(), cudaMemcpyHostToDevice));
+    std::string msg;
+    EXPECT_EQ(run(b, stream_, &msg), ATTN_INVALID_INPUT);
+    EXPECT_NE(msg.find("block_table[1][2] = " + std::to_string(b.c.num_pages) + " is not a page index"),
+              std::string::npos) << msg;
   }
   // What the host sees is refused before any launch.
   PagedBatch b = make_batch(4, 2, 1, 64, 16, {20}, false, DType::bf16, 5, stream_);

@@ -235,7 +235,7 @@ def attention(q, k, v, rung="06d_fa3", causal=False, scale=None, return_lse=Fals
 
 
 def _check_paged_tables(block_table, seq_lens, page_size, num_pages):
-    """Eagerly, before either operator: the refusals the kernel's error word would give after
+    """Eagerly, before either operator: the refusals the kernel's fault records would give after
     the run (fa2_decode.h: paged_error_message), in its words, with one synchronization. The
     operators themselves do not synchronize after the kernel (a C++ ValueError raised there
     crashed the process on an H200 with torch 2.11, as the bad-scale one did: see attention);
