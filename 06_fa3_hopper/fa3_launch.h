@@ -137,5 +137,12 @@ namespace step06j {
 template <int D, typename T>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
 }
+// 06j with steps of 128 query rows at d = 64 (06k_bwd_tall_steps.cuh); 06j's kernel at
+// d = 128. The same grid and workspace.
+namespace step06k {
+constexpr int rows_per_step(int d) { return d == 64 ? 128 : 64; }
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
 
 }  // namespace attn::fa3

@@ -119,11 +119,12 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 }
 
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
-// 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh) for the head
+// 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh,
+// 06k_bwd_tall_steps.cuh) for the head
 // dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
-enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order };
+enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
-constexpr BwdStep kBackwardOf06d = BwdStep::j_issue_order;
+constexpr BwdStep kBackwardOf06d = BwdStep::k_tall_steps;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
@@ -138,14 +139,16 @@ void add_backward_06(Stage& s) {
   // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06j one.
   s.model_backward_hbm_bytes = [](const AttnProblem& p) {
     constexpr int kDqAdds = kStep == BwdStep::e_atomics || kStep == BwdStep::f_bulk_per_warpgroup ? 2 : 1;
-    return hbm::fa2_backward_bytes(p, fa3::step06e::kBwdRowsPerStep, fa3::step06e::kBwdKeysPerCta, kDqAdds);
+    const int rows = kStep == BwdStep::k_tall_steps ? fa3::step06k::rows_per_step(p.d) : fa3::step06e::kBwdRowsPerStep;
+    return hbm::fa2_backward_bytes(p, rows, fa3::step06e::kBwdKeysPerCta, kDqAdds);
   };
   s.launch_backward = [](const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
     using LaunchFn = void (*)(const AttnProblem&, const AttnBwdTensors&, cudaStream_t);
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
       constexpr int D = decltype(dim)::value;
       using T = typename decltype(type)::type;
-      if constexpr (kStep == BwdStep::j_issue_order) return &fa3::step06j::launch_backward<D, T>;
+      if constexpr (kStep == BwdStep::k_tall_steps) return &fa3::step06k::launch_backward<D, T>;
+      else if constexpr (kStep == BwdStep::j_issue_order) return &fa3::step06j::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::i_shared_space) return &fa3::step06i::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::h_dq_columns) return &fa3::step06h::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::g_bulk_per_cta) return &fa3::step06g::launch_backward<D, T>;
@@ -255,8 +258,8 @@ Fp8E4m3LaunchFn fp8_e4m3_launch_for(int d) {
 std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
   // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns,
-  // 06i_bwd_shared_space and 06j_bwd_issue_order run 06d's forward and their own backward,
-  // each checked against the step before it.
+  // 06i_bwd_shared_space, 06j_bwd_issue_order and 06k_bwd_tall_steps run 06d's forward and
+  // their own backward, each checked against the step before it.
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
   };
@@ -292,7 +295,7 @@ std::vector<Stage> fa3_stages() {
       with_backward<kBackwardOf06d>(
           stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
                                 "persistent CTAs: the producer loads the next tile while the consumers finish")),
-      // The backward's steps, each with 06d's forward: 06e-06j.
+      // The backward's steps, each with 06d's forward: 06e-06k.
       with_backward<BwdStep::e_atomics>(
           stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
                                 "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics")),
@@ -311,6 +314,9 @@ std::vector<Stage> fa3_stages() {
       with_backward<BwdStep::j_issue_order>(
           stage_06d<persistent>("06j_bwd_issue_order", "06i_bwd_shared_space",
                                 "06i with dV issued under dS's elementwise work and dK under the dQ stores")),
+      with_backward<BwdStep::k_tall_steps>(
+          stage_06d<persistent>("06k_bwd_tall_steps", "06j_bwd_issue_order",
+                                "06j with 128-row steps at d = 64: dQ_i split by query halves, dV after dS")),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
       // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
       // the pairs' code to 06d's (kCtaPairs).

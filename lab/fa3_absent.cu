@@ -161,6 +161,19 @@ void keep_06j(std::integer_sequence<int, Ds...>) {
 template void keep_06j(BwdHeadDims);
 #endif
 
+// 06k's backward, likewise.
+#ifndef LAB_BUILT_06k_bwd_tall_steps
+namespace step06k {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06k_bwd_tall_steps"); }
+}  // namespace step06k
+template <int... Ds>
+void keep_06k(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06k::launch_backward<Ds, __nv_bfloat16>), keep(&step06k::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06k(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

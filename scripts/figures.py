@@ -15,6 +15,7 @@ those in AWAITING, each with its reason).
 """
 
 import argparse
+import csv
 import io
 import pathlib
 import re
@@ -906,12 +907,13 @@ def fig_06gh(path):
     save(fig, path)
 
 
-def bwd_step_model(d=128):
-    """One CTA step of 06i and 06j at head dim d, both consumer warpgroups in lockstep (their
-    barriers keep them so): the five GEMMs at the SM's dense rate, the elementwise phases at the
-    MUFU / FP32 / shared-memory rates above. Returns {step: (warp bars, tensor bars, end)}."""
+def bwd_step_model(d=128, b_r=None):
+    """One CTA step of 06i and 06j at head dim d (B_r query rows: the Config's unless given),
+    both consumer warpgroups in lockstep (their barriers keep them so): the five GEMMs at the
+    SM's dense rate, the elementwise phases at the MUFU / FP32 / shared-memory rates above.
+    Returns {step: (warp bars, tensor bars, end)}."""
     c = fa3_bwd_config()
-    b_c, b_r = c["B_c"], c["B_r"]
+    b_c, b_r = c["B_c"], b_r or c["B_r"]
     gemm = 2.0 * b_c * b_r * d / H100_FLOP_PER_CYCLE  # each of the five, both warpgroups
     exps = b_c * b_r / SM90_MUFU_PER_CYCLE + 2 * b_c * b_r / SM90_FP32_PER_CYCLE  # exp2, FFMA, pack
     ds = 3 * b_c * b_r / SM90_FP32_PER_CYCLE  # dPᵀ − D_i, × Pᵀ, pack
@@ -972,6 +974,44 @@ def fig_06ij(path):
                      f"fp32 at {SM90_FP32_PER_CYCLE}/cycle,\nshared memory at {SMEM_BYTES_PER_CYCLE} B/cycle. "
                      "Grey: waiting. No latencies: the measured step is longer (06i_bwd.md).",
                      xy=(0, 0), xycoords="axes fraction", xytext=(0, -40), textcoords="offset points", fontsize=8, va="top")
+    save(fig, path)
+
+
+H200_SMS, H200_MAX_CLOCK_HZ = 132, 1.98e9  # the reference run's GPU (nvidia-smi: clocks.max.sm)
+
+
+@figure("06_fa3_hopper/figures/06k_tall_steps.png")
+def fig_06k(path):
+    """06j's step at d = 64 as the reference run measured it, split into the model's busy cycles
+    (bwd_step_model) and the rest, a fixed cost per step; 06k's 128-row step predicted from the
+    model and that fixed cost."""
+    (rows_k,) = parse("06_fa3_hopper/06k_bwd_tall_steps.cuh", r"B_r = D == 64 \? (\d+) : 64;")
+    c, _, m64 = bwd_step_model(64)
+    _, _, m128 = bwd_step_model(64, rows_k)
+    busy64, busy128 = m64["06j"][2], m128["06i"][2]  # 06k at d = 64 issues in 06i's order
+    ref = REPO / "results/nvidia_h200/backward_06.csv"
+    with open(ref, newline="") as fh:
+        row = next(r for r in csv.DictReader(fh) if r["rung"] == "06j_bwd_issue_order_bwd" and r["d"] == "64"
+                   and r["causal"] == "0" and r["Nq"] == "16384")
+    B, Hkv, Nq, Nk = (int(row[k]) for k in ("B", "Hkv", "Nq", "Nk"))
+    ctas = -(-Nk // c["B_c"]) * B * Hkv
+    steps = Nq // c["B_r"]
+    step = float(row["time_ms_median"]) * 1e-3 * H200_MAX_CLOCK_HZ / (ctas / H200_SMS) / steps
+    fixed = step - busy64
+    t_j, t_k = 2 * step, busy128 + fixed  # per 128 queries of one CTA
+    fig, ax = plt.subplots(figsize=(10.5, 2.9))
+    bars = [("06k: one step of 128 rows (model)", [(0, busy128, C_GEMM, "GEMMs + elementwise (model)"),
+                                                    (busy128, fixed, C_WAIT, "fixed")]),
+            ("06j: two steps of 64 rows (measured)", [(0, busy64, C_GEMM, "busy (model)"), (busy64, fixed, C_WAIT, "fixed"),
+                                                      (step, busy64, C_GEMM, "busy (model)"),
+                                                      (step + busy64, fixed, C_WAIT, "fixed")])]
+    gantt(ax, bars, xlabel="cycles per 128 queries of one CTA (d = 64)")
+    ax.set_title(f"06j's measured step at d = 64 is {step:.0f} cycles, the model's busy part {busy64:.0f}: "
+                 f"{fixed:.0f} cycles of waits, barriers and fences per step.\n"
+                 f"Paid once per 128 rows instead of twice: 06k predicted {t_j / t_k:.2f}x 06j", fontsize=9.5)
+    ax.annotate(f"Measured: 06j at d = 64, N = 16k (results/nvidia_h200/backward_06.csv, {ctas} CTAs on {H200_SMS} SMs, "
+                f"{steps} steps each, at {H200_MAX_CLOCK_HZ / 1e9:.2f} GHz); busy: bwd_step_model (no latencies).",
+                xy=(0, 0), xycoords="axes fraction", xytext=(0, -34), textcoords="offset points", fontsize=8, va="top")
     save(fig, path)
 
 

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""Checks in the SASS what 06_fa3_hopper/06i_bwd.md says of the backward steps 06h-06j.
+"""Checks in the SASS what 06_fa3_hopper/06i_bwd.md and 06k_bwd.md say of the backward steps
+06h-06k.
 
-For each fa3_backward kernel of 06h, 06i and 06j (every head dim and dtype built):
+For each fa3_backward kernel of 06h, 06i, 06j and 06k (every head dim and dtype built):
   generic     plain loads and stores of shared memory through a generic pointer (`LD.E`,
               `ST.E`, not `LDS`/`STS`/`LDG`/`STG`). 06h has them (aligned_shared's integer
-              round trip, the pitfall 06i removes); 06i and 06j must have none.
+              round trip, the pitfall 06i removes); 06i-06k must have none.
   pipelined   every wgmma group (a run of HGMMA ending with the one that carries `gsb0`)
               holds more than one HGMMA: when ptxas serializes a kernel's wgmmas (a wait
               inside a branch, too few registers) each HGMMA becomes a group of its own.
   06j order   the loop issues, in address order, Sᵀ and dPᵀ (SS), dV (RS), dQ_i (SS), dK (RS);
               the first wait after dV leaves one group pending (dPᵀ done, dV in flight); the
               first wait after dK leaves one pending (dQ_i done, dK in flight), and the dQ_i
-              stores (`STS.64`) come before the wait for dK.
+              stores (`STS.64`) come before the wait for dK. 06k at d = 128: the same.
+  06k at d = 64 the same issue order, but dV goes after dSᵀ (128-row steps): no wait between
+              dV's issue and dQ_i's (dV runs under the dSᵀ stores and the barrier); dK as 06j.
 Exit 0: all hold; 1: a violation; 77 (CTest: skipped): no cuobjdump, or a library built
 without these steps (a lab build).
 
@@ -26,7 +29,8 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from sass_order import SKIP, WAIT, find_cuobjdump, functions, groups, sass_of_binary  # noqa: E402
 
-STEPS = {"06h": ("06h_bwd", False), "06i": ("06i_bwd", True), "06j": ("06j_bwd", True)}  # ELF name, must be LDS/STS
+STEPS = {"06h": ("06h_bwd", False), "06i": ("06i_bwd", True), "06j": ("06j_bwd", True),
+         "06k": ("06k_bwd", True)}  # ELF name, must be LDS/STS
 GENERIC = re.compile(r"^(?:@!?U?P\w+\s+)?(?:LD|ST)\.E\b")
 
 
@@ -34,7 +38,7 @@ def generic_count(code):
     return sum(1 for _, t in code if GENERIC.match(t))
 
 
-def check_06j_order(code, lines):
+def check_06j_order(code, lines, early_dv=True):
     gs = groups(code)
     kinds = [g["kind"] for g in gs]
     for k in range(len(gs) - 4):
@@ -58,7 +62,10 @@ def check_06j_order(code, lines):
         return good
 
     _, pending = first_wait(dv["last"], dq["first"])
-    ok &= verdict(pending == 1, f"after dV's issue the first wait leaves {pending} group(s) pending")
+    if early_dv:
+        ok &= verdict(pending == 1, f"after dV's issue the first wait leaves {pending} group(s) pending")
+    else:
+        ok &= verdict(pending is None, f"no wait between dV's issue and dQ_i's ({pending} pending at one)")
     i, pending = first_wait(dk["last"], len(code))
     ok &= verdict(pending == 1, f"after dK's issue the first wait leaves {pending} group(s) pending")
     if i is not None:
@@ -89,8 +96,8 @@ def check(sass_by_step):
             good = bool(gs) and single == 0
             lines.append(f"  {'ok' if good else 'VIOLATION'}: {len(gs)} wgmma groups, {single} of a single HGMMA")
             ok &= good
-            if step == "06j":
-                ok &= check_06j_order(code, lines)
+            if step in ("06j", "06k"):
+                ok &= check_06j_order(code, lines, early_dv=step == "06j" or "ILi128E" in name)
             print("\n".join(lines))
             all_ok &= ok
     return all_ok
@@ -112,7 +119,7 @@ def main():
             return SKIP
         sass_by_step[step] = sass
     ok = check(sass_by_step)
-    print("06h-06j's SASS is as 06i_bwd.md says" if ok else "FAILED: see VIOLATION above")
+    print("06h-06k's SASS is as 06i_bwd.md and 06k_bwd.md say" if ok else "FAILED: see VIOLATION above")
     return 0 if ok else 1
 
 
