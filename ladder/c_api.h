@@ -151,8 +151,9 @@ int attn_decode_paged_async(const attn_paged_problem_t* p, const void* q, const 
                             size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
 /* After attn_decode_paged_async (or a replay of a graph holding it) on `stream`: waits for the
-   stream and reads the fault records in `workspace`. ATTN_OK, or ATTN_INVALID_INPUT with the first
-   bad length or page index found ("seq_lens[3] = -5 is negative", "block_table[2][7] = 500 is
+   stream and reads the fault records in `workspace` (one per sequence and split: call it on the
+   device the work ran on, as for the workspace's size). ATTN_OK, or ATTN_INVALID_INPUT with the
+   first bad length or page index found ("seq_lens[3] = -5 is negative", "block_table[2][7] = 500 is
    not a page index in [0, 500)", ...); *checked = 1 (checked may be NULL). While `stream` is
    being captured it reads nothing (a synchronization would break the capture): ATTN_OK with
    *checked = 0; check after replaying the graph. */
