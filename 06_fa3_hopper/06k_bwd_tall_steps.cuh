@@ -50,8 +50,8 @@ struct Config {
   static constexpr int kWgKeys = kWarpgroupRows;             // 64: wgmma's M
   static constexpr int B_c = kWgKeys * kConsumers;           // keys per CTA
   // 128 rows at d = 64 (the warpgroups then split dQ_i by query halves, all columns each);
-  // 64 at d = 128 (dQ_i split by column halves, as 06j).
-  static constexpr int B_r = D == 64 ? 128 : 64;             // query rows per step
+  // 64 at d = 128 (dQ_i split by column halves, as 06j). One rule with stages.cu's HBM model.
+  static constexpr int B_r = rows_per_step(D);               // query rows per step
   static constexpr int kStages = 2;                          // ring of Q_i, dO_i, L_i, D_i
   static constexpr Swizzle kSwizzle = Swizzle::b128;
   static constexpr int kRowBytes = row_bytes(kSwizzle);              // 128

@@ -985,7 +985,7 @@ def fig_06k(path):
     """06j's step at d = 64 as the reference run measured it, split into the model's busy cycles
     (bwd_step_model) and the rest, a fixed cost per step; 06k's 128-row step predicted from the
     model and that fixed cost."""
-    (rows_k,) = parse("06_fa3_hopper/06k_bwd_tall_steps.cuh", r"B_r = D == 64 \? (\d+) : 64;")
+    (rows_k,) = parse("06_fa3_hopper/fa3_launch.h", r"rows_per_step\(int d\) \{ return d == 64 \? (\d+) : 64;")
     c, _, m64 = bwd_step_model(64)
     _, _, m128 = bwd_step_model(64, rows_k)
     busy64, busy128 = m64["06j"][2], m128["06i"][2]  # 06k at d = 64 issues in 06i's order
