@@ -144,5 +144,11 @@ constexpr int rows_per_step(int d) { return d == 64 ? 128 : 64; }
 template <int D, typename T>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
 }
+// 06k with dK_j, dV_j stored through shared memory by TMA (06l_bwd_tma_store.cuh). The same
+// steps, grid and workspace.
+namespace step06l {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+}
 
 }  // namespace attn::fa3

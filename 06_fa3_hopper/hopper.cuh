@@ -163,6 +163,16 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, in
       : "memory");
 }
 
+// The reverse (PTX ISA 9.7.9.27, cp.async.bulk.tensor, shared::cta -> global): one box of
+// shared memory, laid out as tma_load_3d would write it, stored at the box's coordinates;
+// elements outside the tensor are not written. Tracked by the issuing thread's bulk groups:
+// bulk_wait_group_read before the shared memory is reused or the CTA exits.
+__device__ inline void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(map),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+
 // A bulk copy (PTX ISA 9.7.9.25, non-tensor): `bytes` contiguous bytes of global memory
 // into shared memory, completing `bytes` on the mbarrier. Addresses and size are multiples
 // of 16 bytes.

@@ -120,11 +120,12 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
 // 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh,
-// 06k_bwd_tall_steps.cuh) for the head
+// 06k_bwd_tall_steps.cuh, 06l_bwd_tma_store.cuh) for the head
 // dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
-enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps };
+enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps,
+                     l_tma_store };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
-constexpr BwdStep kBackwardOf06d = BwdStep::k_tall_steps;
+constexpr BwdStep kBackwardOf06d = BwdStep::l_tma_store;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
@@ -136,10 +137,10 @@ void add_backward_06(Stage& s) {
     return "";
   };
   s.backward_workspace_bytes = [](const AttnProblem& p) { return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics); };
-  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06j one.
+  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06l one.
   s.model_backward_hbm_bytes = [](const AttnProblem& p) {
     constexpr int kDqAdds = kStep == BwdStep::e_atomics || kStep == BwdStep::f_bulk_per_warpgroup ? 2 : 1;
-    const int rows = kStep == BwdStep::k_tall_steps ? fa3::step06k::rows_per_step(p.d) : fa3::step06e::kBwdRowsPerStep;
+    const int rows = kStep >= BwdStep::k_tall_steps ? fa3::step06k::rows_per_step(p.d) : fa3::step06e::kBwdRowsPerStep;
     return hbm::fa2_backward_bytes(p, rows, fa3::step06e::kBwdKeysPerCta, kDqAdds);
   };
   s.launch_backward = [](const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream) {
@@ -147,7 +148,8 @@ void add_backward_06(Stage& s) {
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
       constexpr int D = decltype(dim)::value;
       using T = typename decltype(type)::type;
-      if constexpr (kStep == BwdStep::k_tall_steps) return &fa3::step06k::launch_backward<D, T>;
+      if constexpr (kStep == BwdStep::l_tma_store) return &fa3::step06l::launch_backward<D, T>;
+      else if constexpr (kStep == BwdStep::k_tall_steps) return &fa3::step06k::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::j_issue_order) return &fa3::step06j::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::i_shared_space) return &fa3::step06i::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::h_dq_columns) return &fa3::step06h::launch_backward<D, T>;
@@ -258,8 +260,8 @@ Fp8E4m3LaunchFn fp8_e4m3_launch_for(int d) {
 std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
   // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns,
-  // 06i_bwd_shared_space, 06j_bwd_issue_order and 06k_bwd_tall_steps run 06d's forward and
-  // their own backward, each checked against the step before it.
+  // 06i_bwd_shared_space, 06j_bwd_issue_order, 06k_bwd_tall_steps and 06l_bwd_tma_store run
+  // 06d's forward and their own backward, each checked against the step before it.
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
   };
@@ -295,7 +297,7 @@ std::vector<Stage> fa3_stages() {
       with_backward<kBackwardOf06d>(
           stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
                                 "persistent CTAs: the producer loads the next tile while the consumers finish")),
-      // The backward's steps, each with 06d's forward: 06e-06k.
+      // The backward's steps, each with 06d's forward: 06e-06l.
       with_backward<BwdStep::e_atomics>(
           stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
                                 "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics")),
@@ -317,6 +319,9 @@ std::vector<Stage> fa3_stages() {
       with_backward<BwdStep::k_tall_steps>(
           stage_06d<persistent>("06k_bwd_tall_steps", "06j_bwd_issue_order",
                                 "06j with 128-row steps at d = 64: dQ_i split by query halves, dV after dS")),
+      with_backward<BwdStep::l_tma_store>(
+          stage_06d<persistent>("06l_bwd_tma_store", "06k_bwd_tall_steps",
+                                "06k with dK, dV stored through shared memory by TMA, not by per-thread stores")),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
       // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
       // the pairs' code to 06d's (kCtaPairs).

@@ -174,6 +174,19 @@ void keep_06k(std::integer_sequence<int, Ds...>) {
 template void keep_06k(BwdHeadDims);
 #endif
 
+// 06l's backward, likewise.
+#ifndef LAB_BUILT_06l_bwd_tma_store
+namespace step06l {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06l_bwd_tma_store"); }
+}  // namespace step06l
+template <int... Ds>
+void keep_06l(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06l::launch_backward<Ds, __nv_bfloat16>), keep(&step06l::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06l(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

@@ -244,8 +244,8 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_TRUE(find_stage("04_fa1_tiled").has_backward());
   EXPECT_TRUE(find_stage("05_fa2_reordered").has_backward());
   EXPECT_FALSE(find_stage("05_fa2_decode").has_backward());  // copies of 05 stay forward only
-  // 06d_fa3's backward (the last step's kernel) and the steps 06e-06k at d = 64 and 128,
-  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k; 06d's ablations stay forward only.
+  // 06d_fa3's backward (the last step's kernel) and the steps 06e-06l at d = 64 and 128,
+  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k -> 06l; 06d's ablations stay forward only.
   EXPECT_EQ(find_stage("06d_fa3").backward_head_dims, (std::vector<int>{64, 128}));
   EXPECT_EQ(find_stage("06e_bwd_wgmma").backward_head_dims, (std::vector<int>{64, 128}));   // 06e
   EXPECT_EQ(find_stage("06e_bwd_wgmma").prev, "06d_fa3");
@@ -259,6 +259,8 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_EQ(find_stage("06j_bwd_issue_order").backward_head_dims, (std::vector<int>{64, 128}));  // 06j
   EXPECT_EQ(find_stage("06k_bwd_tall_steps").prev, "06j_bwd_issue_order");
   EXPECT_EQ(find_stage("06k_bwd_tall_steps").backward_head_dims, (std::vector<int>{64, 128}));  // 06k
+  EXPECT_EQ(find_stage("06l_bwd_tma_store").prev, "06k_bwd_tall_steps");
+  EXPECT_EQ(find_stage("06l_bwd_tma_store").backward_head_dims, (std::vector<int>{64, 128}));  // 06l
   EXPECT_EQ(find_stage("06f_bwd_dq_reduce").backward_head_dims, (std::vector<int>{64, 128}));  // 06f
   EXPECT_EQ(find_stage("06g_bwd_one_dq_add").backward_head_dims, (std::vector<int>{64, 128}));  // 06g
   EXPECT_FALSE(find_stage("06d_one_tile_per_cta").has_backward());
