@@ -349,12 +349,15 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dK[i] = dV[i] = 0.f;
 
+  bwd_timeline_mark(BwdMark::cta_start);  // tile_timeline --backward; nothing otherwise
   mbarrier_wait(&s.kv_full, 0);
+  bwd_timeline_mark(BwdMark::kv_ready);
   Pos at{w.bh0, w.first_i};
   for (int n = 0; n < w.steps; ++n, at = at.next(w)) {
     const int stage = n % Cfg::kStages;
     const int query0 = at.block * Cfg::B_r;
     mbarrier_wait(&s.full[stage], (n / Cfg::kStages) & 1);
+    if (n == 0) bwd_timeline_mark(BwdMark::first_stage);
     const T* Q_i = s.q[stage];
     const T* dO_i = s.dout[stage];
 
@@ -437,6 +440,7 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     // racecheck flagged one arrival per warp after __syncwarp).
     mbarrier_arrive(&s.empty[stage]);
   }
+  bwd_timeline_mark(BwdMark::steps_done);
   // line 17: dK_j (× scale), dV_j through the ring's stages (every stage was consumed and each
   // warpgroup waited for its last wgmma; the barrier waits for the other's) and TMA stores.
   named_barrier_sync(kRingFree, 2 * Cfg::kWgThreads);
@@ -455,7 +459,9 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     bulk_commit_group();
     bulk_wait_group_read<0>();  // the stores have read shared memory
   }
+  bwd_timeline_mark(BwdMark::dkv_stored);
   if (issuer) bulk_wait_group<0>();  // the dQ adds are done before the CTA's shared memory goes
+  bwd_timeline_mark(BwdMark::cta_done);
 }
 
 template <int D, typename T>

@@ -40,6 +40,15 @@ __device__ void timeline_mark(int seq, Mark mark);  // defined by the including 
 __device__ inline void timeline_mark_block(int seq, int j, int n_blocks, Mark mark) {
   if (j == n_blocks / 2) timeline_mark(seq, mark);
 }
+// The same for a backward CTA (06k, 06l mark these; `tile_timeline --backward`): its start,
+// K_j and V_j landed, the first ring stage full, the last step done, dK_j and dV_j stored,
+// the last dQ add done. Marked by every consumer thread; the tool keeps one per CTA.
+enum class BwdMark { cta_start, kv_ready, first_stage, steps_done, dkv_stored, cta_done };
+#ifndef FA3_TIMELINE
+__device__ inline void bwd_timeline_mark(BwdMark) {}
+#else
+__device__ void bwd_timeline_mark(BwdMark mark);  // defined by the including tool
+#endif
 
 // ---------------------------------------------------------------------------------------
 // Kernel parameters (bf16 / fp16; the FP8 kernel has its own) and tile numbering.

@@ -17,11 +17,22 @@
 // runs the same launch path as the 06d and 06_fp8 Stages (Schedule::persistent; for FP8 the
 // attention kernel alone, after one run of the pre-kernel). The marks cost a few
 // instructions and stores per tile: compare its time with attn_bench's row.
+//
+//   build/bench/tile_timeline --backward [--n 2048]   (the same shapes, d = 128 and 64)
+//
+// Where a backward CTA of 06k and of 06l spends its time (fa3_common.cuh's BwdMark, stamped
+// by the first consumer thread): its start, K_j and V_j landed, the first ring stage, the
+// steps, the epilogue (dK_j, dV_j stored), the last dQ add; and the gap between two CTAs on
+// one SM (the next CTA's start after the last one's end, on the SM's own clock). 06l_bwd.md
+// quotes it.
 #define FA3_TIMELINE
 #include "06_fa3_hopper/06d_fa3.cuh"
+#include "06_fa3_hopper/06k_bwd_tall_steps.cuh"
+#include "06_fa3_hopper/06l_bwd_tma_store.cuh"
 #include "06_fa3_hopper/fp8h_fa3.cuh"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +60,26 @@ template void step06d::launch<128, __nv_bfloat16, kPairs128>(const AttnProblem&,
                                                               cudaStream_t, float);
 template void launch_fp8_quantize<128>(const AttnProblem&, const AttnTensors&, const Fp8Options&, cudaStream_t);
 template void launch_fp8_attention<128>(const AttnProblem&, const AttnTensors&, Schedule, cudaStream_t);
+
+constexpr int kMaxBwdCtas = 1 << 13, kBwdMarks = int(BwdMark::cta_done) + 1;
+__device__ long long g_bwd_marks[kMaxBwdCtas][kBwdMarks];
+__device__ unsigned g_bwd_sm[kMaxBwdCtas];
+
+__device__ void bwd_timeline_mark(BwdMark m) {
+  if (threadIdx.x != 128 || blockIdx.x >= kMaxBwdCtas) return;  // consumer warpgroup 0's first thread
+  g_bwd_marks[blockIdx.x][int(m)] = clock64();
+  if (m == BwdMark::cta_start) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    g_bwd_sm[blockIdx.x] = sm;
+  }
+}
+
+// The backward steps 06k and 06l at both head dims, as the library has them.
+template void step06k::launch_backward<64, __nv_bfloat16>(const AttnProblem&, const AttnBwdTensors&, cudaStream_t);
+template void step06k::launch_backward<128, __nv_bfloat16>(const AttnProblem&, const AttnBwdTensors&, cudaStream_t);
+template void step06l::launch_backward<64, __nv_bfloat16>(const AttnProblem&, const AttnBwdTensors&, cudaStream_t);
+template void step06l::launch_backward<128, __nv_bfloat16>(const AttnProblem&, const AttnBwdTensors&, cudaStream_t);
 
 }  // namespace attn::fa3
 
@@ -184,6 +215,110 @@ int report(const char* name, const AttnProblem& p, Launch&& launch) {
   return 0;
 }
 
+// One backward step's CTAs: the medians of their phases, in cycles of their SM's clock.
+template <class Launch>
+int report_backward(const char* name, const AttnProblem& p, int rows_per_step, Launch&& launch) {
+  HarnessOptions opt;
+  L2Flusher flusher;
+  const double ms = time_launch(launch, flusher, nullptr, opt.warmup, /*repeats=*/1, opt.max_seconds_per_rung,
+                                opt.warm_seconds, TimingMode::flushed)
+                        .median_ms;
+  constexpr int kKeysPerCta = 128;
+  const int ctas = (p.Nk + kKeysPerCta - 1) / kKeysPerCta * p.B * p.Hkv;
+  if (ctas > fa3::kMaxBwdCtas) throw AttnError("more CTAs than the backward marks hold");
+  const int steps = p.group() * ((p.Nq + rows_per_step - 1) / rows_per_step);
+  std::vector<long long> m(size_t(fa3::kMaxBwdCtas) * fa3::kBwdMarks);
+  std::vector<unsigned> sm(fa3::kMaxBwdCtas);
+  CUDA_CHECK(cudaMemcpyFromSymbol(m.data(), fa3::g_bwd_marks, m.size() * sizeof(long long)));
+  CUDA_CHECK(cudaMemcpyFromSymbol(sm.data(), fa3::g_bwd_sm, sm.size() * sizeof(unsigned)));
+  using B = fa3::BwdMark;
+  auto at = [&](int c, B k) { return double(m[size_t(c) * fa3::kBwdMarks + int(k)]); };
+  struct Phase {
+    const char* name;
+    B from, to;
+  };
+  const Phase phases[] = {
+      {"start -> K_j, V_j landed", B::cta_start, B::kv_ready},
+      {"-> first ring stage full", B::kv_ready, B::first_stage},
+      {"the steps", B::first_stage, B::steps_done},
+      {"epilogue: dK_j, dV_j stored", B::steps_done, B::dkv_stored},
+      {"-> last dQ add done", B::dkv_stored, B::cta_done},
+      {"whole CTA", B::cta_start, B::cta_done},
+  };
+  std::printf("%s backward d = %d, N = %d (B = %d, H = %d), no mask: %d CTAs of %d steps (B_r = %d, B_c = %d)\n", name,
+              p.d, p.Nq, p.B, p.H, ctas, steps, rows_per_step, kKeysPerCta);
+  std::printf("kernels %.3f ms (pre-pass, main, post-pass; one launch after an L2 flush, after 0.3 s of launches)\n",
+              ms);
+  std::printf("medians over every CTA, cycles of its SM's clock:\n");
+  double whole = 0, stepped = 0;
+  for (const Phase& ph : phases) {
+    std::vector<double> v(ctas);
+    for (int c = 0; c < ctas; ++c) v[c] = at(c, ph.to) - at(c, ph.from);
+    const double med = median(v);
+    std::printf("  %-30s %10.0f\n", ph.name, med);
+    if (ph.from == B::first_stage) stepped = med;
+    if (ph.from == B::cta_start && ph.to == B::cta_done) whole = med;
+  }
+  std::printf("  %-30s %10.0f\n", "each step", stepped / steps);
+  // Two CTAs in a row on one SM: the next one's start after this one's end.
+  std::vector<int> order(ctas);
+  for (int c = 0; c < ctas; ++c) order[c] = c;
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return sm[a] != sm[b] ? sm[a] < sm[b] : at(a, B::cta_start) < at(b, B::cta_start);
+  });
+  std::vector<double> gaps;
+  for (int i = 0; i + 1 < ctas; ++i)
+    if (sm[order[i]] == sm[order[i + 1]]) gaps.push_back(at(order[i + 1], B::cta_start) - at(order[i], B::cta_done));
+  std::printf("  %-30s %10.0f\n", "between two CTAs on one SM", median(gaps));
+  std::printf("outside the steps: %.0f cycles of %.0f per CTA (%.1f %%)\n", whole - stepped, whole,
+              100 * (whole - stepped) / whole);
+  return 0;
+}
+
+template <int D>
+int run_backward_dim(int N) {
+  AttnProblem p;
+  p.d = D;
+  p.Nq = p.Nk = N;
+  p.B = std::max(1, 16384 / N);
+  p.H = p.Hkv = 2048 / p.d;
+  DeviceBuffer q(p.q_elems() * 2), k(p.kv_elems() * 2), v(p.kv_elems() * 2), o(p.o_elems() * 2), dout(p.o_elems() * 2);
+  DeviceBuffer lse(p.lse_elems() * sizeof(float)), dq(p.q_elems() * 2), dk(p.kv_elems() * 2), dv(p.kv_elems() * 2);
+  DeviceBuffer ws(fa2::bwd_workspace_bytes(p));
+  fill_random(q.get(), p.q_elems(), DType::bf16, 1, Fill::normal, 0, 1, nullptr);
+  fill_random(k.get(), p.kv_elems(), DType::bf16, 2, Fill::normal, 0, 1, nullptr);
+  fill_random(v.get(), p.kv_elems(), DType::bf16, 3, Fill::normal, 0, 1, nullptr);
+  fill_random(o.get(), p.o_elems(), DType::bf16, 4, Fill::normal, 0, 1, nullptr);
+  fill_random(dout.get(), p.o_elems(), DType::bf16, 5, Fill::normal, 0, 1, nullptr);
+  // lse = log N: the size of a row's sum for scores of order 1 (the times do not depend on it)
+  std::vector<float> lse_host(size_t(p.lse_elems()), std::log(float(N)));
+  CUDA_CHECK(cudaMemcpy(lse.get(), lse_host.data(), lse.bytes(), cudaMemcpyHostToDevice));
+  AttnBwdTensors t;
+  t.q = q.get();
+  t.k = k.get();
+  t.v = v.get();
+  t.o = o.get();
+  t.dout = dout.get();
+  t.lse = static_cast<const float*>(lse.get());
+  t.dq = dq.get();
+  t.dk = dk.get();
+  t.dv = dv.get();
+  t.workspace = ws.get();
+  t.workspace_bytes = ws.bytes();
+  const int rows = fa3::step06k::rows_per_step(D);
+  report_backward("06k", p, rows, [&] { fa3::step06k::launch_backward<D, __nv_bfloat16>(p, t, nullptr); });
+  std::printf("\n");
+  report_backward("06l", p, rows, [&] { fa3::step06l::launch_backward<D, __nv_bfloat16>(p, t, nullptr); });
+  return 0;
+}
+
+int run_backward(int N) {
+  if (N < 128 || N > 16384) throw AttnError("N must be in [128, 16384] (B = 16384 / N)");
+  run_backward_dim<128>(N);
+  std::printf("\n");
+  return run_backward_dim<64>(N);
+}
+
 int run(int N, bool fp8) {
   if (N < 128 || N > 16384) throw AttnError("N must be in [128, 16384] (B = 16384 / N)");
   AttnProblem p;
@@ -220,18 +355,19 @@ int run(int N, bool fp8) {
 
 int main(int argc, char** argv) {
   int N = 4096;
-  bool fp8 = false;
+  bool fp8 = false, backward = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--n" && i + 1 < argc) N = std::atoi(argv[++i]);
     else if (a == "--fp8") fp8 = true;
+    else if (a == "--backward") backward = true;
     else {
-      std::fprintf(stderr, "usage: tile_timeline [--n N] [--fp8]\n");
+      std::fprintf(stderr, "usage: tile_timeline [--n N] [--fp8 | --backward]\n");
       return 2;
     }
   }
   try {
-    return run(N, fp8);
+    return backward ? run_backward(N) : run(N, fp8);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tile_timeline: %s\n", e.what());
     return 1;

@@ -54,6 +54,7 @@ bwd_shape=(--d 64,128)
 bwd_check=(--check)
 timeline_n=(2048 4096 16384)
 timeline_fp8_n=(4096 8192 16384)
+timeline_bwd_n=(2048 16384)  # the backward's CTAs (06k, 06l), d = 128 and 64
 vs_cudnn=(--d 64,128,256 --n 4096,8192,16384)
 train_steps=200
 # Rows per step: problems x rungs (or backends). 21 forward rungs at d = 64/128, fewer at 256
@@ -72,6 +73,7 @@ if [[ $quick -eq 1 ]]; then
   bwd_check=()
   timeline_n=(4096)
   timeline_fp8_n=(4096)
+  timeline_bwd_n=(2048)
   vs_cudnn=(--d 128 --n 4096 --causal 0 --rounds 2 --repeats 10)
   train_steps=50
   rows_bench=$((2 * 2 * 21)) rows_fp8=5 rows_decode=$((3 * 4 * 3)) rows_bwd=$((2 * 2 * 6))
@@ -95,7 +97,7 @@ plan "bench: every rung on the sweep" $((rows_bench * row / 2 + 10))
 plan "fp8: the FP8 rungs and the accuracy table" $((rows_fp8 * row / 2 + ${#fp8_accuracy[@]} * 40 + 10))
 plan "decode: flash-decoding on the decode sweep; bandwidth vs bytes in flight" $((rows_decode / 2 + 10))
 plan "backward: 04, 05 and its ablations, 06e-06j" $((rows_bwd * (${#bwd_check[@]} + 1) + 5))
-plan "tile timeline: where a persistent CTA's time goes" $(((${#timeline_n[@]} + ${#timeline_fp8_n[@]}) * 3))
+plan "tile timeline: where a persistent CTA's time goes" $(((${#timeline_n[@]} + ${#timeline_fp8_n[@]} + ${#timeline_bwd_n[@]}) * 3))
 plan "peers: PyTorch SDPA on the same sweep, decode and backward" \
   $((rows_peers * row / 2 + rows_decode_peers / 2 + rows_bwd_peers * 2 + 90))
 plan "vs_cudnn: 06d and cuDNN in turns" $((rows_vs + 10))
@@ -186,10 +188,11 @@ build/bench/attn_bench --backward --paper-sweep "${bwd_shape[@]}" "${timing[@]}"
   --rungs 04_fa1_tiled,05_fa2_reordered,05_fa2_dq_pass,05_fa2_bwd_warps_own_keys,06d_fa3,06e_bwd_wgmma,06f_bwd_dq_reduce,06g_bwd_one_dq_add,06h_bwd_dq_columns,06i_bwd_shared_space,06j_bwd_issue_order,06k_bwd_tall_steps,06l_bwd_tma_store \
   --csv "$out_dir/backward.csv" > "$out_dir/backward.log" 2>&1 || log "backward: some rows FAILED (see backward.log)"
 
-step "06d and FP8, d = 128, log $out_dir/tile_timeline.txt"
+step "06d and FP8, d = 128; the backward's CTAs (06k, 06l); log $out_dir/tile_timeline.txt"
 {
   for n in "${timeline_n[@]}"; do build/bench/tile_timeline --n "$n" && echo; done
   for n in "${timeline_fp8_n[@]}"; do build/bench/tile_timeline --fp8 --n "$n" && echo; done
+  for n in "${timeline_bwd_n[@]}"; do build/bench/tile_timeline --backward --n "$n" && echo; done
 } > "$out_dir/tile_timeline.txt" 2>&1 || log "tile_timeline FAILED"
 
 csvs=("$out_dir/ladder.csv")
