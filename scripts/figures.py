@@ -1015,6 +1015,47 @@ def fig_06k(path):
     save(fig, path)
 
 
+def bwd_timeline(step, d, n):
+    """A backward CTA's phase medians (cycles) from results/nvidia_h200/tile_timeline.txt
+    (`tile_timeline --backward`): {phase: cycles}, and the section's first line."""
+    text = (REPO / "results/nvidia_h200/tile_timeline.txt").read_text()
+    for section in text.split("\n\n"):
+        head = section.splitlines()[0] if section.strip() else ""
+        if head.startswith(f"{step} backward d = {d}, N = {n} "):
+            return {k: float(v) for k, v in re.findall(r"^  (\S.*?)\s{2,}(\d+)$", section, re.M)}, head
+    raise RuntimeError(f"tile_timeline.txt has no '{step} backward d = {d}, N = {n}' section")
+
+
+@figure("06_fa3_hopper/figures/06l_cta_timeline.png")
+def fig_06l(path):
+    """A backward CTA of 06k and of 06l outside its steps (the measured medians of
+    tile_timeline --backward on the H200), at d = 128 and 64, N = 2k."""
+    n = 2048
+    parts = [("start -> K_j, V_j landed", C_LOAD, "K_j, V_j"), ("-> first ring stage full", C_LOAD, "stage 0"),
+             ("epilogue: dK_j, dV_j stored", C_HBM, "dK_j, dV_j stored"), ("-> last dQ add done", C_SMEM, ""),
+             ("between two CTAs on one SM", C_WAIT, "next CTA")]
+    fig, axes = plt.subplots(2, 1, figsize=(10.5, 4.6), sharex=True)
+    for ax, d in zip(axes, (128, 64)):
+        rows, notes = [], []
+        for step in ("06k", "06l"):
+            ph, _ = bwd_timeline(step, d, n)
+            x, bars = 0.0, []
+            for key, color, text in parts:  # the steps between stage 0 and the epilogue: in the label
+                bars.append((x, ph[key], color, text if ph[key] > 1500 else ""))
+                x += ph[key]
+            rows.append((f"{step}: {x / 1e3:.1f} k cycles outside {ph['the steps'] / 1e3:.0f} k of steps", bars))
+        gantt(ax, rows, xlabel="cycles per CTA outside its steps (medians over every CTA)" if d == 64 else "")
+        ax.set_title(f"d = {d}, N = {n}", fontsize=9.5, loc="left")
+    legend = [("K_j, V_j landed; first ring stage", C_LOAD), ("epilogue: dK_j, dV_j stored", C_HBM),
+              ("last dQ add", C_SMEM), ("until the next CTA starts on the SM", C_WAIT)]
+    axes[0].legend(handles=[Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="black", lw=0.6, label=l) for l, c in legend],
+                   fontsize=8, loc="lower right")
+    fig.suptitle("A backward CTA outside its steps: 06l stores dK_j, dV_j through shared memory by TMA, 06k from registers\n"
+                 "(the steps themselves are the same; measured: results/nvidia_h200/tile_timeline.txt, tile_timeline --backward)",
+                 fontsize=9.5, y=1.02)
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/06d2_lazy_rescale.png")
 def fig_06d2(path):
     (thr,) = parse("06_fa3_hopper/fa3_launch.h", r"kRescaleLog2 = ([\d.]+)f;", float)
