@@ -223,7 +223,7 @@ int report_backward(const char* name, const AttnProblem& p, int rows_per_step, L
   const double ms = time_launch(launch, flusher, nullptr, opt.warmup, /*repeats=*/1, opt.max_seconds_per_rung,
                                 opt.warm_seconds, TimingMode::flushed)
                         .median_ms;
-  constexpr int kKeysPerCta = 128;
+  constexpr int kKeysPerCta = fa3::step06e::kBwdKeysPerCta;  // B_c of every backward step
   const int ctas = (p.Nk + kKeysPerCta - 1) / kKeysPerCta * p.B * p.Hkv;
   if (ctas > fa3::kMaxBwdCtas) throw AttnError("more CTAs than the backward marks hold");
   const int steps = p.group() * ((p.Nq + rows_per_step - 1) / rows_per_step);
