@@ -12,6 +12,14 @@
 //     has read shared memory; the global writes complete after the CTA exits.
 // Nothing else changes: the steps are 06k's.
 //
+// kDeterministic (the ablation 06l_bwd_deterministic, 06l_bwd.md): the CTAs of key blocks
+// j = 0, 1, ... add to each dQ_i in that order, so that its fp32 sums, and dQ, have the same
+// bits in every run. A counter per (query head, Q block) in the workspace says how many key
+// blocks have added; the issuing thread waits until it reads j, adds, waits for its add to
+// complete, then bumps it (take_turn, pass_turn). Every key block left of j adds to the same
+// dQ_i (the causal mask only ever skips a CTA's first Q blocks), so the count reaches j.
+// CTAs start in grid order and a CTA waits only for lower j, which started before it.
+//
 // 06k's outline, its last line changed:
 //
 //   pre-pass: D = rowsum(dO ∘ O), dQ_acc = 0                 05's kernel, as it is
@@ -84,6 +92,7 @@ struct BwdParams {
   const float* lse;  // [B, H, Nq] natural log (the forward's)
   const float* D;    // [B, H, Nq] (the pre-pass's)
   float* dq_acc;     // 05's workspace layout (fa2_backward.h: dq_acc_offset)
+  int* dq_turn;      // kDeterministic: per (query head, Q block), the key blocks that have added
   int H, Hkv, group, Nq, Nk, T_c;
   bool causal;
   float scale, scale_log2;
@@ -332,7 +341,19 @@ constexpr int kDkvStaged = 4;  // + wg: this warpgroup's dK_j, dV_j rows are in 
 // ---------------------------------------------------------------------------------------
 // A consumer warpgroup (wg = 0, 1): keys key0 + 64 wg ..., every step of the CTA.
 // ---------------------------------------------------------------------------------------
-template <class Cfg, int D, typename T, class Smem>
+// kDeterministic: wait until the key blocks left of this one have added to dQ_i ...
+__device__ inline void take_turn(const int* turn, int j) {
+  while (load_acquire_gpu(turn) != j) __nanosleep(100);
+  fence_proxy_async_global();  // the add below (async proxy) comes after the read
+}
+// ... and, once this block's add has completed, let the next one add.
+__device__ inline void pass_turn(int* turn) {
+  bulk_wait_group<0>();
+  fence_proxy_async_global();
+  add_release_gpu(turn, 1);
+}
+
+template <class Cfg, int D, bool kDeterministic, typename T, class Smem>
 __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
   constexpr int kOps = Cfg::B_r / Cfg::kK;
   const int wg_key0 = w.key0 + wg * Cfg::kWgKeys;
@@ -432,7 +453,12 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     store_dq<Cfg, D>(s.dq + fa2::dq_acc_offset<D>(q0, c0), dQ);
     fence_proxy_async_shared();
     named_barrier_sync(kDqStored, 2 * Cfg::kWgThreads);
-    if (issuer) reduce_dq<D>(s.dq, p, at.bh, query0, Cfg::B_r);
+    if (issuer) {
+      int* turn = kDeterministic ? p.dq_turn + size_t(at.bh) * w.T_r + at.block : nullptr;
+      if constexpr (kDeterministic) take_turn(turn, w.key0 / Cfg::B_c);
+      reduce_dq<D>(s.dq, p, at.bh, query0, Cfg::B_r);
+      if constexpr (kDeterministic) pass_turn(turn);
+    }
     wgmma_wait<0>();  // dK done: Q_i, dO_i (and L_i, D_i, read above) are free
     pin_registers(dK);
     // Every consumer thread arrives: each releases its own reads of L_i and D_i, which the
@@ -464,7 +490,7 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
   bwd_timeline_mark(BwdMark::cta_done);
 }
 
-template <int D, typename T>
+template <int D, typename T, bool kDeterministic>
 __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const __grid_constant__ BwdParams<T> p) {
   using Cfg = Config<D, T>;
   using Smem = SharedStorage<Cfg, T, D>;
@@ -486,16 +512,17 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
     if (threadIdx.x < 32) produce<Cfg>(s, p, w);
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consume<Cfg, D>(s, p, w, wg - 1);
+    consume<Cfg, D, kDeterministic>(s, p, w, wg - 1);
   }
 }
 
-template <int D, typename T>
+template <int D, typename T, bool kDeterministic>
 void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_t stream) {
   using Cfg = Config<D, T>;
+  static_assert(Cfg::B_r == step06k::rows_per_step(D), "dq_turn_bytes (fa3_launch.h) counts these Q blocks");
   static_assert(Cfg::B_c == step06e::kBwdKeysPerCta, "the grid and refusals of stages.cu count 06e's blocks");
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
-  configure_kernel<fa3_backward<D, T>>(Cfg::kThreads, kSmemBytes);
+  configure_kernel<fa3_backward<D, T, kDeterministic>>(Cfg::kThreads, kSmemBytes);
 
   // The pre-pass (D, dQ_acc = 0) and the post-pass (dQ) are 05's: the same workspace.
   fa2::BwdParams<T> f{};
@@ -532,7 +559,11 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   p.causal = pr.causal;
   p.scale = pr.softmax_scale();
   p.scale_log2 = p.scale * float(M_LOG2E);
-  fa3_backward<D, T><<<unsigned(int64_t(p.T_c) * pr.B * pr.Hkv), Cfg::kThreads, kSmemBytes, stream>>>(p);
+  if constexpr (kDeterministic) {  // the counters after 05's workspace (D), zeroed per launch
+    p.dq_turn = reinterpret_cast<int*>(f.D + pr.lse_elems());
+    CUDA_CHECK(cudaMemsetAsync(p.dq_turn, 0, dq_turn_bytes(pr), stream));
+  }
+  fa3_backward<D, T, kDeterministic><<<unsigned(int64_t(p.T_c) * pr.B * pr.Hkv), Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 
   const int64_t chunks = pr.q_elems() / fa2::kChunkElems;

@@ -146,9 +146,15 @@ void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t
 }
 // 06k with dK_j, dV_j stored through shared memory by TMA (06l_bwd_tma_store.cuh). The same
 // steps, grid and workspace.
+// kDeterministic: dQ added in key-block order, bitwise reproducible (the ablation
+// 06l_bwd_deterministic); its turn counters follow 05's workspace.
 namespace step06l {
-template <int D, typename T>
+template <int D, typename T, bool kDeterministic = false>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+inline size_t dq_turn_bytes(const AttnProblem& p) {
+  const int rows = step06k::rows_per_step(p.d);
+  return size_t(p.B) * p.H * size_t((p.Nq + rows - 1) / rows) * sizeof(int);
+}
 }
 
 }  // namespace attn::fa3

@@ -258,6 +258,20 @@ __device__ inline uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return 
 // Shared-memory writes of this thread (generic proxy) made visible to later wgmma and TMA
 // reads (async proxy); a barrier then orders them for the other threads.
 __device__ inline void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The same between the generic and the async proxy's accesses to global memory (a bulk
+// reduction's writes and a flag read or written with plain loads and stores).
+__device__ inline void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+// A flag in global memory read with acquire and bumped with release semantics at GPU scope:
+// what one CTA wrote before the bump is visible to another that read the bumped value.
+__device__ inline int load_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ inline void add_release_gpu(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 // Order earlier register writes (accumulators, A fragments) before the next wgmma.
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 // Close the wgmmas issued so far into one group.

@@ -122,8 +122,9 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 // 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh,
 // 06k_bwd_tall_steps.cuh, 06l_bwd_tma_store.cuh) for the head
 // dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
+// l_deterministic is not a step but 06l's ablation: dQ added in key-block order.
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps,
-                     l_tma_store };
+                     l_tma_store, l_deterministic };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
 constexpr BwdStep kBackwardOf06d = BwdStep::l_tma_store;
 template <BwdStep kStep>
@@ -136,7 +137,10 @@ void add_backward_06(Stage& s) {
       return "ceil(Nk / 128) * B * Hkv = " + std::to_string(ctas) + " CTAs exceeds the grid limit 2^31 - 1";
     return "";
   };
-  s.backward_workspace_bytes = [](const AttnProblem& p) { return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics); };
+  s.backward_workspace_bytes = [](const AttnProblem& p) {
+    return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics) +
+           (kStep == BwdStep::l_deterministic ? fa3::step06l::dq_turn_bytes(p) : 0);
+  };
   // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06l one.
   s.model_backward_hbm_bytes = [](const AttnProblem& p) {
     constexpr int kDqAdds = kStep == BwdStep::e_atomics || kStep == BwdStep::f_bulk_per_warpgroup ? 2 : 1;
@@ -148,7 +152,8 @@ void add_backward_06(Stage& s) {
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
       constexpr int D = decltype(dim)::value;
       using T = typename decltype(type)::type;
-      if constexpr (kStep == BwdStep::l_tma_store) return &fa3::step06l::launch_backward<D, T>;
+      if constexpr (kStep == BwdStep::l_deterministic) return &fa3::step06l::launch_backward<D, T, true>;
+      else if constexpr (kStep == BwdStep::l_tma_store) return &fa3::step06l::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::k_tall_steps) return &fa3::step06k::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::j_issue_order) return &fa3::step06j::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::i_shared_space) return &fa3::step06i::launch_backward<D, T>;
@@ -322,6 +327,10 @@ std::vector<Stage> fa3_stages() {
       with_backward<BwdStep::l_tma_store>(
           stage_06d<persistent>("06l_bwd_tma_store", "06k_bwd_tall_steps",
                                 "06k with dK, dV stored through shared memory by TMA, not by per-thread stores")),
+      // Ablation of 06l: dQ added in key-block order, bitwise reproducible (06l_bwd.md).
+      with_backward<BwdStep::l_deterministic>(
+          stage_06d<persistent>("06l_bwd_deterministic", "06l_bwd_tma_store",
+                                "06l with dQ added in key-block order (a turn per Q block): the same bits every run")),
       // Ablations of 06d's schedule: one tile per CTA, as 06a-c (same kernel); persistent
       // clusters of two CTAs that share each K/V block (TMA multicast), whose kernel adds
       // the pairs' code to 06d's (kCtaPairs).

@@ -177,12 +177,14 @@ template void keep_06k(BwdHeadDims);
 // 06l's backward, likewise.
 #ifndef LAB_BUILT_06l_bwd_tma_store
 namespace step06l {
-template <int D, typename T>
+template <int D, typename T, bool kDeterministic>
 void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06l_bwd_tma_store"); }
 }  // namespace step06l
 template <int... Ds>
 void keep_06l(std::integer_sequence<int, Ds...>) {
-  ((keep(&step06l::launch_backward<Ds, __nv_bfloat16>), keep(&step06l::launch_backward<Ds, __half>)), ...);
+  ((keep(&step06l::launch_backward<Ds, __nv_bfloat16, false>), keep(&step06l::launch_backward<Ds, __half, false>),
+    keep(&step06l::launch_backward<Ds, __nv_bfloat16, true>), keep(&step06l::launch_backward<Ds, __half, true>)),
+   ...);
 }
 template void keep_06l(BwdHeadDims);
 #endif

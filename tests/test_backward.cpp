@@ -162,11 +162,12 @@ TEST_F(Gpu, BackwardRefusals) {
   EXPECT_THROW(run_rung_backward(fa2, in256, g256, stream_), AttnError);
 }
 
-// 05_fa2_dq_pass sums dQ in registers, without atomics: two runs on the same inputs give the
-// same bits (dK, dV always do: a CTA owns its keys and walks the query heads in order). The
-// shape gives each dQ row many K/V blocks (CTAs) to sum over: GQA, causal, several blocks.
-TEST_F(Gpu, BackwardDqPassIsBitwiseReproducible) {
-  const Stage& s = find_stage("05_fa2_dq_pass");
+// 05_fa2_dq_pass sums dQ in registers, without atomics, and 06l_bwd_deterministic adds it in
+// key-block order: two runs on the same inputs give the same bits (dK, dV always do: a CTA
+// owns its keys and walks the query heads in order). The shape gives each dQ row many K/V
+// blocks (CTAs) to sum over: GQA, causal, several blocks.
+void expect_bitwise_reproducible(const char* name, cudaStream_t stream_) {
+  const Stage& s = find_stage(name);
   for (int d : {64, 128}) {
     AttnProblem p;
     p.B = 2;
@@ -188,6 +189,10 @@ TEST_F(Gpu, BackwardDqPassIsBitwiseReproducible) {
     EXPECT_EQ(download_as_double(a.dv.get(), kv, t), download_as_double(b.dv.get(), kv, t)) << "dV";
     EXPECT_EQ(count_nonfinite(a.dq.get(), q, t, stream_), 0);
   }
+}
+TEST_F(Gpu, BackwardDqPassIsBitwiseReproducible) { expect_bitwise_reproducible("05_fa2_dq_pass", stream_); }
+TEST_F(Gpu, BackwardDeterministicDqIsBitwiseReproducible) {
+  expect_bitwise_reproducible("06l_bwd_deterministic", stream_);
 }
 
 // Small shapes for compute-sanitizer (scripts/reproduce.sh runs '*Sanitize*' under each
