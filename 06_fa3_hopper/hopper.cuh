@@ -163,7 +163,7 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, in
       : "memory");
 }
 
-// The reverse (PTX ISA 9.7.9.27, cp.async.bulk.tensor, shared::cta -> global): one box of
+// The reverse (PTX ISA 9.7.9.25, cp.async.bulk.tensor, shared::cta -> global): one box of
 // shared memory, laid out as tma_load_3d would write it, stored at the box's coordinates;
 // elements outside the tensor are not written. Tracked by the issuing thread's bulk groups:
 // bulk_wait_group_read before the shared memory is reused or the CTA exits.
