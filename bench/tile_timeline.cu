@@ -108,17 +108,22 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// attn_bench's protocol (bench/harness.h: time_launch): 0.3 s of warm-up, under the power
+// cap the SM clock settles over tenths of a second; then one run after an L2 flush, whose
+// marks are the ones read afterwards. Its time in ms.
+template <class Launch>
+double time_marked_launch(Launch&& launch) {
+  HarnessOptions opt;
+  L2Flusher flusher;
+  return time_launch(launch, flusher, nullptr, opt.warmup, /*repeats=*/1, opt.max_seconds_per_rung, opt.warm_seconds,
+                     TimingMode::flushed)
+      .median_ms;
+}
+
 // The timeline of one kernel: Cfg its tile configuration, `launch` one launch of it.
 template <class Cfg, class Launch>
 int report(const char* name, const AttnProblem& p, Launch&& launch) {
-  // attn_bench's protocol (bench/harness.h: time_launch): 0.3 s of warm-up, under the
-  // power cap the SM clock settles over tenths of a second; then one run after an L2
-  // flush, whose marks are the ones read below.
-  HarnessOptions opt;
-  L2Flusher flusher;
-  const double ms = time_launch(launch, flusher, nullptr, opt.warmup, /*repeats=*/1, opt.max_seconds_per_rung,
-                                opt.warm_seconds, TimingMode::flushed)
-                        .median_ms;
+  const double ms = time_marked_launch(launch);
 
   const int N = p.Nq, m_blocks = (N + Cfg::B_r - 1) / Cfg::B_r, tiles = m_blocks * p.B * p.H;
   const int ctas = int(fa3::grid_size(tiles, fa3::Schedule::persistent, /*ctas_per_sm=*/1));  // as the launch
@@ -218,11 +223,7 @@ int report(const char* name, const AttnProblem& p, Launch&& launch) {
 // One backward step's CTAs: the medians of their phases, in cycles of their SM's clock.
 template <class Launch>
 int report_backward(const char* name, const AttnProblem& p, int rows_per_step, Launch&& launch) {
-  HarnessOptions opt;
-  L2Flusher flusher;
-  const double ms = time_launch(launch, flusher, nullptr, opt.warmup, /*repeats=*/1, opt.max_seconds_per_rung,
-                                opt.warm_seconds, TimingMode::flushed)
-                        .median_ms;
+  const double ms = time_marked_launch(launch);
   constexpr int kKeysPerCta = fa3::step06e::kBwdKeysPerCta;  // B_c of every backward step
   const int ctas = (p.Nk + kKeysPerCta - 1) / kKeysPerCta * p.B * p.Hkv;
   if (ctas > fa3::kMaxBwdCtas) throw AttnError("more CTAs than the backward marks hold");
@@ -250,15 +251,15 @@ int report_backward(const char* name, const AttnProblem& p, int rows_per_step, L
   std::printf("kernels %.3f ms (pre-pass, main, post-pass; one launch after an L2 flush, after 0.3 s of launches)\n",
               ms);
   std::printf("medians over every CTA, cycles of its SM's clock:\n");
-  double whole = 0, stepped = 0;
-  for (const Phase& ph : phases) {
+  constexpr int kPhases = int(sizeof(phases) / sizeof(phases[0]));
+  double med[kPhases];
+  for (int k = 0; k < kPhases; ++k) {
     std::vector<double> v(ctas);
-    for (int c = 0; c < ctas; ++c) v[c] = at(c, ph.to) - at(c, ph.from);
-    const double med = median(v);
-    std::printf("  %-30s %10.0f\n", ph.name, med);
-    if (ph.from == B::first_stage) stepped = med;
-    if (ph.from == B::cta_start && ph.to == B::cta_done) whole = med;
+    for (int c = 0; c < ctas; ++c) v[c] = at(c, phases[k].to) - at(c, phases[k].from);
+    med[k] = median(v);
+    std::printf("  %-30s %10.0f\n", phases[k].name, med[k]);
   }
+  const double stepped = med[2], whole = med[kPhases - 1];  // "the steps", "whole CTA"
   std::printf("  %-30s %10.0f\n", "each step", stepped / steps);
   // Two CTAs in a row on one SM: the next one's start after this one's end.
   std::vector<int> order(ctas);

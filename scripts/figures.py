@@ -143,13 +143,18 @@ def hbm_score_pipeline(N, d, softmax_reads, e=2):
 # ---------------------------------------------------------------- the reference run's timeline
 
 
+def timeline_sections(path):
+    """(first line, section) of each blank-line-separated section of a tile_timeline log."""
+    for section in path.read_text().split("\n\n"):
+        if section.strip():
+            yield section.splitlines()[0], section
+
+
 def tile_timeline(kernel, n):
     """Consumer warpgroups' marks of the middle K/V block, in cycles from consumer 1's
     block_begin: consumer 1's from the step medians (summed in order), consumer 2's as
     printed. Returns (marks1, marks2, header line)."""
-    text = (REF / "tile_timeline.txt").read_text()
-    for section in text.split("\n\n"):
-        head = section.splitlines()[0] if section.strip() else ""
+    for head, section in timeline_sections(REF / "tile_timeline.txt"):
         if head.startswith(kernel) and f"N = {n} " in head:
             steps = re.findall(r"^  (\S.*?)\s{2,}[\d.]+ us\s+\((\d+) cycles\)", section, re.M)
             names = ["K_j ready", "the turn", "issue S_ij", "V_j-1 ready, issue P V_j-1",
@@ -1018,9 +1023,7 @@ def fig_06k(path):
 def bwd_timeline(step, d, n):
     """A backward CTA's phase medians (cycles) from results/nvidia_h200/tile_timeline.txt
     (`tile_timeline --backward`): {phase: cycles}, and the section's first line."""
-    text = (REPO / "results/nvidia_h200/tile_timeline.txt").read_text()
-    for section in text.split("\n\n"):
-        head = section.splitlines()[0] if section.strip() else ""
+    for head, section in timeline_sections(REPO / "results/nvidia_h200/tile_timeline.txt"):
         if head.startswith(f"{step} backward d = {d}, N = {n} "):
             return {k: float(v) for k, v in re.findall(r"^  (\S.*?)\s{2,}(\d+)$", section, re.M)}, head
     raise RuntimeError(f"tile_timeline.txt has no '{step} backward d = {d}, N = {n}' section")
