@@ -18,7 +18,10 @@
 // blocks have added; the issuing thread waits until it reads j, adds, waits for its add to
 // complete, then bumps it (take_turn, pass_turn). Every key block left of j adds to the same
 // dQ_i (the causal mask only ever skips a CTA's first Q blocks), so the count reaches j.
-// CTAs start in grid order and a CTA waits only for lower j, which started before it.
+// CTAs start in grid order and a CTA waits only for lower j, which started before it. Each
+// CTA walks its Q blocks from the last one down (Pos<true>), so that all CTAs of a head reach
+// a Q block at the same step, with the causal mask too (else CTA j would wait at its diagonal
+// for CTA 0 to get there).
 //
 // 06k's outline, its last line changed:
 //
@@ -116,9 +119,16 @@ struct Work {
 };
 
 // Step n's query head and Q block, advanced one step at a time (no division in the loop).
+// kDown (the deterministic ablation): each head's Q blocks from the last one down to first_i,
+// so that every CTA of a head reaches a Q block at the same step, the causal mask or not.
+template <bool kDown = false>
 struct Pos {
   int bh, block;
-  __device__ Pos next(const Work& w) const { return block + 1 < w.T_r ? Pos{bh, block + 1} : Pos{bh + 1, w.first_i}; }
+  __device__ static Pos first(const Work& w) { return Pos{w.bh0, kDown ? w.T_r - 1 : w.first_i}; }
+  __device__ Pos next(const Work& w) const {
+    if constexpr (kDown) return block > w.first_i ? Pos{bh, block - 1} : Pos{bh + 1, w.T_r - 1};
+    return block + 1 < w.T_r ? Pos{bh, block + 1} : Pos{bh + 1, w.first_i};
+  }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -127,7 +137,7 @@ struct Pos {
 // The stage's "full" barrier takes 32 arrivals (each lane's arrival releases its own
 // stores of L_i, D_i) and the TMA bytes.
 // ---------------------------------------------------------------------------------------
-template <class Cfg, class Smem, typename T>
+template <class Cfg, bool kDeterministic, class Smem, typename T>
 __device__ void produce(Smem& s, const BwdParams<T>& p, const Work& w) {
   constexpr int D = Cfg::kChunks * Cfg::kChunkCols;
   const int lane = threadIdx.x % 32;
@@ -138,7 +148,7 @@ __device__ void produce(Smem& s, const BwdParams<T>& p, const Work& w) {
       tma_load_3d(&s.v[c * Cfg::B_c * Cfg::kChunkCols], &p.v_map, c * Cfg::kChunkCols, w.key0, w.bh_kv, &s.kv_full);
     }
   }
-  Pos at{w.bh0, w.first_i};
+  auto at = Pos<kDeterministic>::first(w);
   for (int n = 0; n < w.steps; ++n, at = at.next(w)) {
     const int stage = n % Cfg::kStages;
     mbarrier_wait(&s.empty[stage], ((n / Cfg::kStages) & 1) ^ 1);  // first lap: passes at once
@@ -373,7 +383,7 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
   bwd_timeline_mark(BwdMark::cta_start);  // tile_timeline --backward; nothing otherwise
   mbarrier_wait(&s.kv_full, 0);
   bwd_timeline_mark(BwdMark::kv_ready);
-  Pos at{w.bh0, w.first_i};
+  auto at = Pos<kDeterministic>::first(w);
   for (int n = 0; n < w.steps; ++n, at = at.next(w)) {
     const int stage = n % Cfg::kStages;
     const int query0 = at.block * Cfg::B_r;
@@ -509,7 +519,7 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
   const int wg = threadIdx.x / Cfg::kWgThreads;
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x < 32) produce<Cfg>(s, p, w);
+    if (threadIdx.x < 32) produce<Cfg, kDeterministic>(s, p, w);
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     consume<Cfg, D, kDeterministic>(s, p, w, wg - 1);
