@@ -189,6 +189,19 @@ void keep_06l(std::integer_sequence<int, Ds...>) {
 template void keep_06l(BwdHeadDims);
 #endif
 
+// 06m's backward, likewise.
+#ifndef LAB_BUILT_06m_bwd_heavy_first
+namespace step06m {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06m_bwd_heavy_first"); }
+}  // namespace step06m
+template <int... Ds>
+void keep_06m(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06m::launch_backward<Ds, __nv_bfloat16>), keep(&step06m::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06m(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

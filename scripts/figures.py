@@ -1059,6 +1059,69 @@ def fig_06l(path):
     save(fig, path)
 
 
+def list_schedule(costs, sms):
+    """The hardware's hand-out of a grid, CTA after CTA in launch order, each to the first SM
+    free (a greedy list schedule): [(sm, start, end)] per CTA."""
+    import heapq
+    free = [(0.0, sm) for sm in range(sms)]
+    out = []
+    for c in costs:
+        t, sm = heapq.heappop(free)
+        out.append((sm, t, t + c))
+        heapq.heappush(free, (t + c, sm))
+    return out
+
+
+def bwd_grid_costs(order_heads_per_section, n, d, heads, fixed_steps):
+    """Steps (plus a fixed part) of each backward CTA of the causal grid at N = n in 06m's
+    order (fa3_launch.h: cta_order over tile_order.h's sections); 1 head per section is 06l's."""
+    (B_c,) = parse("06_fa3_hopper/fa3_launch.h", r"kBwdKeysPerCta = (\d+);")
+    B_r = fa3_by_d("rows_per_step", d)
+    T_c, T_r = -(-n // B_c), -(-n // B_r)
+    costs = []
+    per = order_heads_per_section
+    for x in range(T_c * heads):  # tile_at(), then j = T_c - 1 - m_block (cta_order)
+        section, r = divmod(x, per * T_c)
+        here = min(per, heads - section * per)
+        j = r // here  # T_c - 1 - (T_c - 1 - r // here)
+        first_i = j * B_c // B_r
+        costs.append(T_r - first_i + fixed_steps)
+    return costs
+
+
+@figure("06_fa3_hopper/figures/06m_grid_tail.png")
+def fig_06m(path):
+    """The causal backward grid at d = 128, N = 2k (the paper sweep's B = 8, H = 16) handed out
+    to 132 SMs in 06l's order and in 06m's, each CTA as long as its steps plus its fixed part
+    (results/nvidia_h200/tile_timeline.txt, 06l): how many SMs are busy as the grid ends."""
+    n, d, heads, sms, l2 = 2048, 128, 8 * 16, H200_SMS, 50 << 20
+    ph, _ = bwd_timeline("06l", d, n)
+    fixed = (ph["whole CTA"] - ph["the steps"] + ph["between two CTAs on one SM"]) / ph["each step"]
+    head_bytes = n * d * (2 + 2 + 4)  # bwd_order: Q, dO, dQ_acc of the group's one query head
+    per = max(1, min(heads, l2 // 3 // head_bytes))
+    fig, ax = plt.subplots(figsize=(10.5, 3.6))
+    total = sum(bwd_grid_costs(1, n, d, heads, fixed))
+    for label, k, color in (("06l: head after head, j = 0, 1, ... in each", 1, C_HBM),
+                            (f"06m: sections of {per} heads, block j of each before block j + 1", per, C_GEMM)):
+        runs = list_schedule(bwd_grid_costs(k, n, d, heads, fixed), sms)
+        end = max(e for _, _, e in runs)
+        t = np.linspace(0, end, 2000)
+        busy = [sum(1 for _, a, b in runs if a <= x < b) for x in t]
+        ax.step(t, busy, where="post", color=color, lw=1.4,
+                label=f"{label}: ends at {end:.0f} steps, {end / (total / sms):.3f}x the even share")
+    ax.axvline(total / sms, color="black", ls="--", lw=0.9)
+    ax.text(total / sms, sms * 1.03, " the grid's work / 132 SMs", fontsize=8, va="bottom")
+    ax.set_xlim(0.7 * total / sms, None)
+    ax.set_ylim(0, sms * 1.16)
+    ax.set_xlabel("time, in steps of a CTA (the grid's last 30 %)")
+    ax.set_ylabel("SMs running a CTA")
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 0.12))
+    ax.set_title(f"Causal backward, d = {d}, N = {n}: {heads} (batch, KV head)s x {-(-n // 128)} K/V blocks on {sms} SMs, "
+                 f"each CTA its steps + {fixed:.1f} steps of fixed work\n(a greedy list schedule of the grid "
+                 "in launch order, from the code's tiles and 06l's measured CTA timeline)", fontsize=9.5)
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/06d2_lazy_rescale.png")
 def fig_06d2(path):
     (thr,) = parse("06_fa3_hopper/fa3_launch.h", r"kRescaleLog2 = ([\d.]+)f;", float)

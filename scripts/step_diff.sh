@@ -45,11 +45,12 @@ declare -A file06=(
   [06j]=06j_bwd_issue_order.cuh
   [06k]=06k_bwd_tall_steps.cuh
   [06l]=06l_bwd_tma_store.cuh
+  [06m]=06m_bwd_heavy_first.cuh
 )
 # The backward of 06d (06e_bwd.md) climbs in its own chain: 06e, then 06f's dQ reduction,
 # then 06g's one reduction per CTA, then 06h's dQ split by columns, then 06i's shared
 # address space, then 06j's issue order.
-steps06bwd=(06e 06f 06g 06h 06i 06j 06k 06l)
+steps06bwd=(06e 06f 06g 06h 06i 06j 06k 06l 06m)
 
 # ---- pairs allowed past the budget, "from->to" -> reason (none at present)
 declare -A exceptions=()

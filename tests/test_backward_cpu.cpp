@@ -12,6 +12,7 @@
 
 #include "04_fa1_tiled/fa1_backward.h"
 #include "05_fa2_reordered/fa2_backward.h"
+#include "06_fa3_hopper/fa3_launch.h"
 #include "common/reference.h"
 #include "common/reference_backward.h"
 #include "common/stage.h"
@@ -244,8 +245,9 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_TRUE(find_stage("04_fa1_tiled").has_backward());
   EXPECT_TRUE(find_stage("05_fa2_reordered").has_backward());
   EXPECT_FALSE(find_stage("05_fa2_decode").has_backward());  // copies of 05 stay forward only
-  // 06d_fa3's backward (the last step's kernel) and the steps 06e-06l at d = 64 and 128,
-  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k -> 06l; 06d's ablations stay forward only.
+  // 06d_fa3's backward (the last step's kernel) and the steps 06e-06m at d = 64 and 128,
+  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k -> 06l -> 06m; 06d's ablations stay
+  // forward only.
   EXPECT_EQ(find_stage("06d_fa3").backward_head_dims, (std::vector<int>{64, 128}));
   EXPECT_EQ(find_stage("06e_bwd_wgmma").backward_head_dims, (std::vector<int>{64, 128}));   // 06e
   EXPECT_EQ(find_stage("06e_bwd_wgmma").prev, "06d_fa3");
@@ -261,6 +263,8 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_EQ(find_stage("06k_bwd_tall_steps").backward_head_dims, (std::vector<int>{64, 128}));  // 06k
   EXPECT_EQ(find_stage("06l_bwd_tma_store").prev, "06k_bwd_tall_steps");
   EXPECT_EQ(find_stage("06l_bwd_tma_store").backward_head_dims, (std::vector<int>{64, 128}));  // 06l
+  EXPECT_EQ(find_stage("06m_bwd_heavy_first").prev, "06l_bwd_tma_store");
+  EXPECT_EQ(find_stage("06m_bwd_heavy_first").backward_head_dims, (std::vector<int>{64, 128}));  // 06m
   EXPECT_EQ(find_stage("06f_bwd_dq_reduce").backward_head_dims, (std::vector<int>{64, 128}));  // 06f
   EXPECT_EQ(find_stage("06g_bwd_one_dq_add").backward_head_dims, (std::vector<int>{64, 128}));  // 06g
   EXPECT_FALSE(find_stage("06d_one_tile_per_cta").has_backward());
@@ -272,6 +276,57 @@ TEST(Backward, StagesDeclareIt) {
   } catch (const AttnError& e) {
     EXPECT_NE(std::string(e.what()).find("backward: head dim d = 256"), std::string::npos) << e.what();
   }
+}
+
+// 06m's grid (fa3_launch.h: cta_order, bwd_order): every (K/V block j, batch x KV head)
+// once. One head per section (no mask) is 06l's order: CTA x takes block x mod T_c of head
+// x / T_c. With sections, every head's block j comes before any head's block j + 1 inside a
+// section (block 0, which walks every Q block under the mask, first), sections in order.
+TEST(BackwardOrder, EveryCtaOnceHeaviestFirstWithinSections) {
+  for (int T_c : {1, 3, 16})
+    for (int heads : {1, 5, 12})
+      for (int per_section : {1, 2, 4, 12}) {
+        if (per_section > heads) continue;
+        const TileOrder o{T_c, heads, per_section};
+        std::vector<int> seen(size_t(T_c) * heads, 0);
+        int prev_section = 0, prev_j = 0;
+        for (int x = 0; x < T_c * heads; ++x) {
+          const TileCoord c = fa3::step06m::cta_order(o, x);
+          ASSERT_GE(c.bh, 0);
+          ASSERT_LT(c.bh, heads);
+          ASSERT_GE(c.m_block, 0);
+          ASSERT_LT(c.m_block, T_c);
+          ++seen[size_t(c.bh) * T_c + c.m_block];
+          if (per_section == 1) {
+            EXPECT_EQ(c.m_block, x % T_c) << "06l's order";
+            EXPECT_EQ(c.bh, x / T_c) << "06l's order";
+          }
+          const int section = c.bh / per_section;
+          EXPECT_GE(section, prev_section) << "sections in order";
+          if (section != prev_section) prev_j = 0;
+          EXPECT_GE(c.m_block, prev_j) << "heaviest (lowest j) first inside a section";
+          prev_section = section;
+          prev_j = c.m_block;
+        }
+        for (int n : seen) EXPECT_EQ(n, 1) << "every CTA exactly once";
+      }
+}
+
+// Sections (with the mask) of as many (batch, KV head)s as keep their Q, dO and dQ_acc
+// (8 bytes per query element, the group's query heads each) within a third of L2.
+TEST(BackwardOrder, SectionsHoldQdOAndDqAccInAThirdOfL2) {
+  AttnProblem p;
+  p.B = 8, p.H = p.Hkv = 16, p.Nq = p.Nk = 2048, p.d = 128, p.causal = true;  // 2 MiB per head
+  const size_t l2 = 50u << 20;
+  EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).heads_per_section, 8);
+  EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).heads, 128);
+  EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).m_blocks, 16);
+  p.Hkv = 4;  // GQA: 4 query heads per KV head, 8 MiB
+  EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).heads_per_section, 2);
+  p.Nq = 1 << 16;  // one head past the share: head after head
+  EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).heads_per_section, 1);
+  p.Nq = 2048, p.Hkv = 16, p.causal = false;  // every CTA walks as far: 06l's order
+  EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).heads_per_section, 1);
 }
 
 }  // namespace
