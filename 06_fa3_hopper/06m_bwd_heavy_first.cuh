@@ -8,10 +8,10 @@
 // block 0 of every head at once, each re-reading its own Q, dO and adding to its own dQ_acc:
 // more than L2 holds. So the forward's order (common/tile_order.h, 06d's causal tiles) cuts
 // the heads into sections whose Q, dO and dQ_acc fit a third of L2, and hands out each
-// section's block 0 of every head, then block 1, ... (fa3_launch.h: cta_order). Without the mask every
-// CTA walks as far: one head per section, 06l's order. Nothing else changes: the steps and
-// the epilogue are 06l's. (06l's deterministic ablation stays 06l's: its turn counters are
-// not here.)
+// section's block 0 of every head, then block 1, ... (fa3_launch.h: cta_order). Without the
+// mask every CTA walks as far: one head per section, 06l's order. Nothing else changes: the
+// steps and the epilogue are 06l's. (06l's deterministic ablation stays 06l's: its turn
+// counters are not here.)
 //
 // 06l's outline, the grid's order added:
 //
