@@ -15,9 +15,11 @@
 // kDeterministic (the ablation 06l_bwd_deterministic, 06l_bwd.md): the CTAs of key blocks
 // j = 0, 1, ... add to each dQ_i in that order, so that its fp32 sums, and dQ, have the same
 // bits in every run. A counter per (query head, Q block) in the workspace says how many key
-// blocks have added; the issuing thread waits until it reads j, adds, waits for its add to
-// complete, then bumps it (take_turn, pass_turn). Every key block left of j adds to the same
-// dQ_i (the causal mask only ever skips a CTA's first Q blocks), so the count reaches j.
+// blocks have added; a dQ writer (one lane of the producer warpgroup's second warp) waits
+// until it reads j, adds, waits for its add to complete, then bumps it (take_turn, pass_turn,
+// write_dq), while the consumers fill the other of two dQ buffers. Every key block left of j
+// adds to the same dQ_i (the causal mask only ever skips a CTA's first Q blocks), so the
+// count reaches j.
 // CTAs start in grid order and a CTA waits only for lower j, which started before it. Each
 // CTA walks its Q blocks from the last one down (Pos<true>), so that all CTAs of a head reach
 // a Q block at the same step, with the causal mask too (else CTA j would wait at its diagonal
@@ -74,18 +76,21 @@ struct Config {
   static_assert(B_c * D <= kStages * B_r * D, "dK_j and dV_j fit the ring's stages");
 };
 
-template <class Cfg, typename T, int D>
+// kDqBufs: 2 in the deterministic ablation, whose dQ writer adds one buffer while the
+// consumers fill the other.
+template <class Cfg, typename T, int D, int kDqBufs>
 struct alignas(1024) SharedStorage {
   T k[Cfg::B_c * D];                         // K_j: d/64 chunks of [B_c][64]
   T v[Cfg::B_c * D];                         // V_j
   T q[Cfg::kStages][Cfg::B_r * D];           // Q_i: d/64 chunks of [B_r][64]
   T dout[Cfg::kStages][Cfg::B_r * D];        // dO_i
   T ds[Cfg::B_c * Cfg::B_r];                 // dSᵀ of the CTA: B_r/64 chunks of [128 keys][64 queries], warpgroup w's rows 64w..
-  float dq[Cfg::B_r * D];                    // dQ_i, in dQ_acc's 8 x 8 blocks; warpgroup w writes half w (columns or queries)
+  float dq[kDqBufs][Cfg::B_r * D];           // dQ_i, in dQ_acc's 8 x 8 blocks; warpgroup w writes half w (columns or queries)
   float lse2[Cfg::kStages][Cfg::B_r];        // L_i log2(e); +inf past Nq or where L_i = -inf
   float dsum[Cfg::kStages][Cfg::B_r];        // D_i; 0 past Nq
   uint64_t kv_full;
   uint64_t full[Cfg::kStages], empty[Cfg::kStages];
+  uint64_t dq_full[kDqBufs], dq_empty[kDqBufs];  // the deterministic ablation's dQ writer
 };
 
 template <typename T>
@@ -363,6 +368,24 @@ __device__ inline void pass_turn(int* turn) {
   add_release_gpu(turn, 1);
 }
 
+// kDeterministic: the dQ writer, one lane of the producer warpgroup's second warp. For each
+// step, once the consumers have filled dQ buffer n mod 2, it waits for this block's turn, adds
+// the buffer, waits for the add to complete, passes the turn on and frees the buffer; the
+// consumers meanwhile run the next step into the other buffer.
+template <class Cfg, int D, class Smem, typename T>
+__device__ void write_dq(Smem& s, const BwdParams<T>& p, const Work& w) {
+  auto at = Pos<true>::first(w);
+  for (int n = 0; n < w.steps; ++n, at = at.next(w)) {
+    const int b = n % 2;
+    mbarrier_wait(&s.dq_full[b], (n / 2) & 1);
+    int* turn = p.dq_turn + size_t(at.bh) * w.T_r + at.block;
+    take_turn(turn, w.key0 / Cfg::B_c);
+    reduce_dq<D>(s.dq[b], p, at.bh, at.block * Cfg::B_r, Cfg::B_r);
+    pass_turn(turn);
+    mbarrier_arrive(&s.dq_empty[b]);
+  }
+}
+
 template <class Cfg, int D, bool kDeterministic, typename T, class Smem>
 __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
   constexpr int kOps = Cfg::B_r / Cfg::kK;
@@ -443,7 +466,7 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     // to wgmma (async proxy); the issuer's last bulk add has read the dQ buffer.
     store_ds_t<Cfg, T>(dST, dS_op);
     fence_proxy_async_shared();
-    if (issuer) bulk_wait_group_read<0>();
+    if (issuer && !kDeterministic) bulk_wait_group_read<0>();
     named_barrier_sync(kDsStored, 2 * Cfg::kWgThreads);
 #pragma unroll
     for (int i = 0; i < Cfg::kDqN / 2; ++i) dQ[i] = 0.f;
@@ -460,14 +483,15 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     pin_registers(dQ);
     pin_registers(dV);
     // line 14's add: both halves in the buffer, visible to the copy engine, one bulk add.
-    store_dq<Cfg, D>(s.dq + fa2::dq_acc_offset<D>(q0, c0), dQ);
+    float* dq_buf = s.dq[kDeterministic ? n % 2 : 0];
+    // kDeterministic: the writer has added what this buffer held two steps ago.
+    if constexpr (kDeterministic) mbarrier_wait(&s.dq_empty[n % 2], ((n / 2) & 1) ^ 1);
+    store_dq<Cfg, D>(dq_buf + fa2::dq_acc_offset<D>(q0, c0), dQ);
     fence_proxy_async_shared();
     named_barrier_sync(kDqStored, 2 * Cfg::kWgThreads);
     if (issuer) {
-      int* turn = kDeterministic ? p.dq_turn + size_t(at.bh) * w.T_r + at.block : nullptr;
-      if constexpr (kDeterministic) take_turn(turn, w.key0 / Cfg::B_c);
-      reduce_dq<D>(s.dq, p, at.bh, query0, Cfg::B_r);
-      if constexpr (kDeterministic) pass_turn(turn);
+      if constexpr (kDeterministic) mbarrier_arrive(&s.dq_full[n % 2]);  // the writer adds it in turn
+      else reduce_dq<D>(dq_buf, p, at.bh, query0, Cfg::B_r);
     }
     wgmma_wait<0>();  // dK done: Q_i, dO_i (and L_i, D_i, read above) are free
     pin_registers(dK);
@@ -503,7 +527,7 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
 template <int D, typename T, bool kDeterministic>
 __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const __grid_constant__ BwdParams<T> p) {
   using Cfg = Config<D, T>;
-  using Smem = SharedStorage<Cfg, T, D>;
+  using Smem = SharedStorage<Cfg, T, D, kDeterministic ? 2 : 1>;
   extern __shared__ uint8_t smem_raw[];
   Smem& s = shared_storage<Smem>(smem_raw);  // LDS/STS, not LD/ST
   if (threadIdx.x == 0) {
@@ -512,6 +536,11 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
       mbarrier_init(&s.full[i], 32);                          // the producer warp's lanes (+ TMA bytes)
       mbarrier_init(&s.empty[i], Cfg::kConsumers * Cfg::kWgThreads);  // every consumer thread
     }
+    if constexpr (kDeterministic)
+      for (int i = 0; i < 2; ++i) {
+        mbarrier_init(&s.dq_full[i], 1);   // the issuing consumer thread
+        mbarrier_init(&s.dq_empty[i], 1);  // the dQ writer
+      }
     fence_barrier_init();
   }
   __syncthreads();
@@ -520,6 +549,7 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x < 32) produce<Cfg, kDeterministic>(s, p, w);
+    else if (kDeterministic && threadIdx.x == 32) write_dq<Cfg, D>(s, p, w);
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     consume<Cfg, D, kDeterministic>(s, p, w, wg - 1);
@@ -531,7 +561,8 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   using Cfg = Config<D, T>;
   static_assert(Cfg::B_r == step06k::rows_per_step(D), "dq_turn_bytes (fa3_launch.h) counts these Q blocks");
   static_assert(Cfg::B_c == step06e::kBwdKeysPerCta, "the grid and refusals of stages.cu count 06e's blocks");
-  constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
+  using Smem = SharedStorage<Cfg, T, D, kDeterministic ? 2 : 1>;
+  constexpr size_t kSmemBytes = sizeof(Smem) + alignof(Smem);
   configure_kernel<fa3_backward<D, T, kDeterministic>>(Cfg::kThreads, kSmemBytes);
 
   // The pre-pass (D, dQ_acc = 0) and the post-pass (dQ) are 05's: the same workspace.
