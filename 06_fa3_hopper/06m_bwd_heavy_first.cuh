@@ -536,12 +536,7 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   p.causal = pr.causal;
   p.scale = pr.softmax_scale();
   p.scale_log2 = p.scale * float(M_LOG2E);
-  {  // the grid's order needs the L2's size (one attribute read per launch)
-    int device = 0, l2 = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    p.order = bwd_order(pr, p.T_c, size_t(l2));
-  }
+  p.order = bwd_order(pr, p.T_c, pr.causal ? l2_cache_bytes() : 0);  // no device query without the mask
   fa3_backward<D, T><<<unsigned(int64_t(p.T_c) * pr.B * pr.Hkv), Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 

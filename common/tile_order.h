@@ -54,6 +54,9 @@ constexpr int heads_per_section(bool causal, int heads, size_t kv_bytes_per_head
   return fit < 1 ? 1 : fit > size_t(heads) ? heads : int(fit);
 }
 
+// The current GPU's L2 size in bytes (host only; tile_order.cpp): what a section may fill.
+size_t l2_cache_bytes();
+
 // The order for problem p on the current GPU (host only; tile_order.cpp): tiles of
 // block_rows query rows, K and V elements of kv_elem_bytes in the kernel's memory.
 TileOrder tile_order(const AttnProblem& p, int block_rows, size_t kv_elem_bytes);
