@@ -180,5 +180,13 @@ inline TileOrder bwd_order(const AttnProblem& p, int T_c, size_t l2_bytes) {
   return {T_c, p.B * p.Hkv, heads_per_section(p.causal, p.B * p.Hkv, head_bytes, l2_bytes)};
 }
 }
+// 06m with the warpgroup's rows of K_j held in registers at d = 64 (06n_bwd_k_in_registers.cuh).
+// The same grid, order and workspace.
+namespace step06n {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+using step06m::bwd_order;
+using step06m::cta_order;
+}
 
 }  // namespace attn::fa3

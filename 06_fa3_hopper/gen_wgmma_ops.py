@@ -37,6 +37,19 @@ def ss_mn(n, acc, shape):
   }}"""
 
 
+def rs_k(n, acc, shape):
+    """RS with B K-major (the backward's Sᵀ = K_j Q_iᵀ at d = 64: K_j from registers, Q_i as stored)."""
+    return f"""
+  // RS: A (64 x 16) from registers, B (16 x {n}) K-major in shared memory, e.g. Sᵀ = K_j Q_iᵀ with K_j held.
+  __device__ static void rs_k(float (&d)[{acc}], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 5}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.{shape} {{{operand_list(0, acc)}}}, {{{operand_list(acc, 4)}}}, %{acc + 4}, p, 1, 1, 0;\\n}}\\n"
+        : {accumulators(n)}
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }}"""
+
+
 def wrapper(n, ctype, ptx_type, k=16, trans=True):
     acc = n // 2
     shape = f"m64n{n}k{k}.f32.{ptx_type}.{ptx_type}"
@@ -59,7 +72,7 @@ struct Wgmma<{ctype}, {n}> {{
         "wgmma.mma_async.sync.aligned.{shape} {{{operand_list(0, acc)}}}, {{{operand_list(acc, 4)}}}, %{acc + 4}, p, 1, 1{rs_flags};\\n}}\\n"
         : {accumulators(n)}
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  }}{ss_mn(n, acc, shape) if trans else ""}
+  }}{ss_mn(n, acc, shape) + rs_k(n, acc, shape) if trans else ""}
 }};
 """
 

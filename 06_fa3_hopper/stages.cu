@@ -120,13 +120,13 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
 // 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh,
-// 06k_bwd_tall_steps.cuh, 06l_bwd_tma_store.cuh, 06m_bwd_heavy_first.cuh) for the head
-// dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
+// 06k_bwd_tall_steps.cuh, 06l_bwd_tma_store.cuh, 06m_bwd_heavy_first.cuh,
+// 06n_bwd_k_in_registers.cuh) for the head dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
 // l_deterministic is not a step but 06l's ablation: dQ added in key-block order.
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps,
-                     l_tma_store, l_deterministic, m_heavy_first };
+                     l_tma_store, l_deterministic, m_heavy_first, n_k_in_registers };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
-constexpr BwdStep kBackwardOf06d = BwdStep::m_heavy_first;
+constexpr BwdStep kBackwardOf06d = BwdStep::n_k_in_registers;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
@@ -141,7 +141,7 @@ void add_backward_06(Stage& s) {
     return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics) +
            (kStep == BwdStep::l_deterministic ? fa3::step06l::dq_turn_bytes(p) : 0);
   };
-  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06m one.
+  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06n one.
   s.model_backward_hbm_bytes = [](const AttnProblem& p) {
     constexpr int kDqAdds = kStep == BwdStep::e_atomics || kStep == BwdStep::f_bulk_per_warpgroup ? 2 : 1;
     const int rows = kStep >= BwdStep::k_tall_steps ? fa3::step06k::rows_per_step(p.d) : fa3::step06e::kBwdRowsPerStep;
@@ -152,7 +152,8 @@ void add_backward_06(Stage& s) {
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
       constexpr int D = decltype(dim)::value;
       using T = typename decltype(type)::type;
-      if constexpr (kStep == BwdStep::m_heavy_first) return &fa3::step06m::launch_backward<D, T>;
+      if constexpr (kStep == BwdStep::n_k_in_registers) return &fa3::step06n::launch_backward<D, T>;
+      else if constexpr (kStep == BwdStep::m_heavy_first) return &fa3::step06m::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::l_deterministic) return &fa3::step06l::launch_backward<D, T, true>;
       else if constexpr (kStep == BwdStep::l_tma_store) return &fa3::step06l::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::k_tall_steps) return &fa3::step06k::launch_backward<D, T>;
@@ -266,8 +267,8 @@ Fp8E4m3LaunchFn fp8_e4m3_launch_for(int d) {
 std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
   // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns,
-  // 06i_bwd_shared_space, 06j_bwd_issue_order, 06k_bwd_tall_steps, 06l_bwd_tma_store and
-  // 06m_bwd_heavy_first run 06d's forward and their own backward, each checked against the
+  // 06i_bwd_shared_space, 06j_bwd_issue_order, 06k_bwd_tall_steps, 06l_bwd_tma_store,
+  // 06m_bwd_heavy_first and 06n_bwd_k_in_registers run 06d's forward and their own backward, each checked against the
   // step before it.
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
@@ -304,7 +305,7 @@ std::vector<Stage> fa3_stages() {
       with_backward<kBackwardOf06d>(
           stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
                                 "persistent CTAs: the producer loads the next tile while the consumers finish")),
-      // The backward's steps, each with 06d's forward: 06e-06m.
+      // The backward's steps, each with 06d's forward: 06e-06n.
       with_backward<BwdStep::e_atomics>(
           stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
                                 "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics")),
@@ -332,6 +333,9 @@ std::vector<Stage> fa3_stages() {
       with_backward<BwdStep::m_heavy_first>(
           stage_06d<persistent>("06m_bwd_heavy_first", "06l_bwd_tma_store",
                                 "06l with the causal grid heaviest first, in sections of heads that fit L2")),
+      with_backward<BwdStep::n_k_in_registers>(
+          stage_06d<persistent>("06n_bwd_k_in_registers", "06m_bwd_heavy_first",
+                                "06m with K_j's rows in registers at d = 64: S's A operand read once per CTA")),
       // Ablation of 06l: dQ added in key-block order, bitwise reproducible (06l_bwd.md).
       with_backward<BwdStep::l_deterministic>(
           stage_06d<persistent>("06l_bwd_deterministic", "06l_bwd_tma_store",

@@ -202,6 +202,19 @@ void keep_06m(std::integer_sequence<int, Ds...>) {
 template void keep_06m(BwdHeadDims);
 #endif
 
+// 06n's backward, likewise.
+#ifndef LAB_BUILT_06n_bwd_k_in_registers
+namespace step06n {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06n_bwd_k_in_registers"); }
+}  // namespace step06n
+template <int... Ds>
+void keep_06n(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06n::launch_backward<Ds, __nv_bfloat16>), keep(&step06n::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06n(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

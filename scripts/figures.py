@@ -1122,6 +1122,71 @@ def fig_06m(path):
     save(fig, path)
 
 
+def bwd_smem_bytes(d, k_in_registers):
+    """Shared-memory bytes one step of a backward CTA moves (06m's kernel; 06n_bwd.md's table),
+    by what moves them: the two consumer warpgroups' wgmma operand reads, the dSᵀ and dQ_i
+    stores, the bulk add's read of dQ_i and TMA's writes of Q_i, dO_i."""
+    (B_c,) = parse("06_fa3_hopper/fa3_launch.h", r"kBwdKeysPerCta = (\d+);")
+    B_r, e, w = fa3_by_d("rows_per_step", d), 2, 2  # bf16 operands; two consumer warpgroups
+    # dQ_i by column halves at 64 rows (each warpgroup: dSᵀ of all B_r queries, d/2 columns of
+    # K_j), by query halves at 128 (64 queries, all d columns)
+    dq_a, dq_b = (B_c * B_r * e, B_c * d // 2 * e) if B_r == 64 else (B_c * 64 * e, B_c * d * e)
+    return {
+        "Sᵀ = K_j Q_iᵀ: K_j": 0 if k_in_registers else B_c * d * e,
+        "Sᵀ: Q_i": w * B_r * d * e,
+        "dPᵀ = V_j dO_iᵀ: V_j": B_c * d * e,
+        "dPᵀ: dO_i": w * B_r * d * e,
+        "dV += Pᵀ dO_i: dO_i": w * B_r * d * e,
+        "dK += dSᵀ Q_i: Q_i": w * B_r * d * e,
+        "dQ_i = dS K_j: dSᵀ, K_j": w * (dq_a + dq_b),
+        "dSᵀ stores": B_c * B_r * e,
+        "dQ_i stores, bulk add's read": 2 * B_r * d * 4,
+        "TMA: Q_i, dO_i": 2 * B_r * d * e,
+    }
+
+
+@figure("06_fa3_hopper/figures/06n_smem_bytes.png")
+def fig_06n(path):
+    """Shared-memory bytes per step of a backward CTA, 06m against 06n, against what shared
+    memory moves while the tensor cores run the step's five GEMMs (128 B a cycle)."""
+    (held,) = parse("06_fa3_hopper/06n_bwd_k_in_registers.cuh", r"kKInRegisters = D == (\d+);")
+    (B_c,) = parse("06_fa3_hopper/fa3_launch.h", r"kBwdKeysPerCta = (\d+);")
+    bars = []
+    for d in (64, 128):
+        bars.append((f"06m, d = {d}", bwd_smem_bytes(d, False), d, False))
+        bars.append((f"06n, d = {d}" + ("" if d == held else " (= 06m: K_j's 32 registers spill)"),
+                     bwd_smem_bytes(d, d == held), d, False))
+        if d != held:
+            bars.append((f"K_j held at d = {d} (not built)", bwd_smem_bytes(d, True), d, True))
+    colors = plt.get_cmap("tab20").colors
+    fig, ax = plt.subplots(figsize=(10.5, 5.0))
+    keys = list(bars[0][1])
+    for y, (label, parts, d, hatched) in enumerate(bars):
+        x = 0
+        for k, key in enumerate(keys):
+            v = parts[key] / 1024
+            ax.barh(y, v, left=x, color=colors[k % 20], edgecolor="white", hatch="//" if hatched else None,
+                    label=key if y == 0 else None, alpha=0.55 if hatched else 1)
+            x += v
+        ax.text(x + 4, y, f"{x:.0f} KiB", va="center", fontsize=8.5)
+    for d, y0 in ((64, -0.45), (128, 1.55)):
+        B_r = fa3_by_d("rows_per_step", d)
+        cycles = 5 * 2 * B_c * B_r * d / H100_FLOP_PER_CYCLE
+        kib = cycles * SMEM_BYTES_PER_CYCLE / 1024
+        ax.plot([kib, kib], [y0, y0 + (2 if d == held else 3) - 0.1], color="black", ls="--", lw=1)
+        ax.text(kib + 2, y0 + 0.02, f"d = {d}: {cycles:,.0f} tensor cycles x {SMEM_BYTES_PER_CYCLE} B = {kib:.0f} KiB",
+                fontsize=7.5, ha="left", va="top", bbox=dict(facecolor="white", edgecolor="none", pad=1))
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8.5)
+    ax.invert_yaxis()
+    ax.set_xlabel("KiB through shared memory per step of a CTA (both consumer warpgroups)")
+    ax.set_xlim(0, 450)
+    ax.legend(fontsize=7.5, ncol=4, loc="upper center", bbox_to_anchor=(0.45, -0.14))
+    ax.set_title(f"A backward step's shared-memory traffic (B_c = {B_c} keys, B_r = {fa3_by_d('rows_per_step', 64)} rows at d = 64, "
+                 f"{fa3_by_d('rows_per_step', 128)} at 128; from the code's tiles):\nat d = 64 06n reads Sᵀ's A operand, K_j, "
+                 "from registers; shared memory moves 128 B a cycle", fontsize=9.5)
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/06d2_lazy_rescale.png")
 def fig_06d2(path):
     (thr,) = parse("06_fa3_hopper/fa3_launch.h", r"kRescaleLog2 = ([\d.]+)f;", float)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Checks in the SASS what 06_fa3_hopper/06i_bwd.md, 06k_bwd.md and 06l_bwd.md say of the
-backward steps 06h-06m.
+"""Checks in the SASS what 06_fa3_hopper/06i_bwd.md, 06k_bwd.md, 06l_bwd.md and 06n_bwd.md say
+of the backward steps 06h-06n.
 
-For each fa3_backward kernel of 06h, 06i, 06j, 06k, 06l and 06m (every head dim and dtype built):
+For each fa3_backward kernel of 06h-06n (every head dim and dtype built):
   generic     plain loads and stores of shared memory through a generic pointer (`LD.E`,
               `ST.E`, not `LDS`/`STS`/`LDG`/`STG`). 06h has them (aligned_shared's integer
-              round trip, the pitfall 06i removes); 06i-06m must have none.
+              round trip, the pitfall 06i removes); 06i-06n must have none.
   pipelined   every wgmma group (a run of HGMMA ending with the one that carries `gsb0`)
               holds more than one HGMMA: when ptxas serializes a kernel's wgmmas (a wait
               inside a branch, too few registers) each HGMMA becomes a group of its own.
@@ -15,8 +15,9 @@ For each fa3_backward kernel of 06h, 06i, 06j, 06k, 06l and 06m (every head dim 
               stores (`STS.64`) come before the wait for dK. 06k at d = 128: the same.
   06k at d = 64 the same issue order, but dV goes after dSᵀ (128-row steps): no wait between
               dV's issue and dQ_i's (dV runs under the dSᵀ stores and the barrier); dK as 06j.
-              06l, 06m: 06k's order at both head dims.
-  epilogue    06k stores dK_j, dV_j from registers (`STG`); 06l and 06m have no `STG` at
+              06l, 06m, 06n: 06k's order at both head dims; 06n's Sᵀ at d = 64 is an RS
+              group (K_j from registers), so its order there begins RS SS RS SS RS.
+  epilogue    06k stores dK_j, dV_j from registers (`STG`); 06l-06n have no `STG` at
               all and store them by TMA (`UTMASTG`).
 Exit 0: all hold; 1: a violation; 77 (CTest: skipped): no cuobjdump, or a library built
 without these steps (a lab build).
@@ -33,7 +34,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from sass_order import SKIP, WAIT, find_cuobjdump, functions, groups, sass_of_binary  # noqa: E402
 
 STEPS = {"06h": ("06h_bwd", False), "06i": ("06i_bwd", True), "06j": ("06j_bwd", True),
-         "06k": ("06k_bwd", True), "06l": ("06l_bwd", True), "06m": ("06m_bwd", True)}  # ELF name, must be LDS/STS
+         "06k": ("06k_bwd", True), "06l": ("06l_bwd", True), "06m": ("06m_bwd", True),
+         "06n": ("06n_bwd", True)}  # ELF name, must be LDS/STS
 STG = re.compile(r"^(?:@!?U?P\w+\s+)?STG\b")
 TMA_STORE = re.compile(r"^(?:@!?U?P\w+\s+)?UTMASTG\b")
 GENERIC = re.compile(r"^(?:@!?U?P\w+\s+)?(?:LD|ST)\.E\b")
@@ -43,15 +45,16 @@ def generic_count(code):
     return sum(1 for _, t in code if GENERIC.match(t))
 
 
-def check_06j_order(code, lines, early_dv=True):
+def check_06j_order(code, lines, early_dv=True, s_kind="SS"):
     gs = groups(code)
     kinds = [g["kind"] for g in gs]
+    order = [s_kind, "SS", "RS", "SS", "RS"]
     for k in range(len(gs) - 4):
-        if kinds[k:k + 5] == ["SS", "SS", "RS", "SS", "RS"]:
+        if kinds[k:k + 5] == order:
             dv, dq, dk = gs[k + 2], gs[k + 3], gs[k + 4]
             break
     else:
-        lines.append(f"  VIOLATION: no SS SS RS SS RS issue order (groups: {' '.join(kinds)})")
+        lines.append(f"  VIOLATION: no {' '.join(order)} issue order (groups: {' '.join(kinds)})")
         return False
     ok = True
 
@@ -101,9 +104,11 @@ def check(sass_by_step):
             good = bool(gs) and single == 0
             lines.append(f"  {'ok' if good else 'VIOLATION'}: {len(gs)} wgmma groups, {single} of a single HGMMA")
             ok &= good
-            if step in ("06j", "06k", "06l", "06m"):
-                ok &= check_06j_order(code, lines, early_dv=step == "06j" or "ILi128E" in name)
-            if step in ("06k", "06l", "06m"):
+            if step in ("06j", "06k", "06l", "06m", "06n"):
+                k_held = step == "06n" and "ILi64E" in name  # 06n_bwd.md: K_j in registers at d = 64
+                ok &= check_06j_order(code, lines, early_dv=step == "06j" or "ILi128E" in name,
+                                      s_kind="RS" if k_held else "SS")
+            if step in ("06k", "06l", "06m", "06n"):
                 stg = sum(1 for _, t in code if STG.match(t))
                 tma = sum(1 for _, t in code if TMA_STORE.match(t))
                 good = stg > 0 and tma == 0 if step == "06k" else stg == 0 and tma > 0
@@ -131,7 +136,7 @@ def main():
             return SKIP
         sass_by_step[step] = sass
     ok = check(sass_by_step)
-    print("06h-06m's SASS is as 06i_bwd.md, 06k_bwd.md and 06l_bwd.md say" if ok else "FAILED: see VIOLATION above")
+    print("06h-06n's SASS is as 06i_bwd.md, 06k_bwd.md, 06l_bwd.md and 06n_bwd.md say" if ok else "FAILED: see VIOLATION above")
     return 0 if ok else 1
 
 

@@ -245,8 +245,8 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_TRUE(find_stage("04_fa1_tiled").has_backward());
   EXPECT_TRUE(find_stage("05_fa2_reordered").has_backward());
   EXPECT_FALSE(find_stage("05_fa2_decode").has_backward());  // copies of 05 stay forward only
-  // 06d_fa3's backward (the last step's kernel) and the steps 06e-06m at d = 64 and 128,
-  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k -> 06l -> 06m; 06d's ablations stay
+  // 06d_fa3's backward (the last step's kernel) and the steps 06e-06n at d = 64 and 128,
+  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k -> 06l -> 06m -> 06n; 06d's ablations stay
   // forward only.
   EXPECT_EQ(find_stage("06d_fa3").backward_head_dims, (std::vector<int>{64, 128}));
   EXPECT_EQ(find_stage("06e_bwd_wgmma").backward_head_dims, (std::vector<int>{64, 128}));   // 06e
@@ -265,6 +265,8 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_EQ(find_stage("06l_bwd_tma_store").backward_head_dims, (std::vector<int>{64, 128}));  // 06l
   EXPECT_EQ(find_stage("06m_bwd_heavy_first").prev, "06l_bwd_tma_store");
   EXPECT_EQ(find_stage("06m_bwd_heavy_first").backward_head_dims, (std::vector<int>{64, 128}));  // 06m
+  EXPECT_EQ(find_stage("06n_bwd_k_in_registers").prev, "06m_bwd_heavy_first");
+  EXPECT_EQ(find_stage("06n_bwd_k_in_registers").backward_head_dims, (std::vector<int>{64, 128}));  // 06n
   EXPECT_EQ(find_stage("06f_bwd_dq_reduce").backward_head_dims, (std::vector<int>{64, 128}));  // 06f
   EXPECT_EQ(find_stage("06g_bwd_one_dq_add").backward_head_dims, (std::vector<int>{64, 128}));  // 06g
   EXPECT_FALSE(find_stage("06d_one_tile_per_cta").has_backward());
