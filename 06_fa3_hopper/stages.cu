@@ -121,7 +121,8 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
 // 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh,
 // 06k_bwd_tall_steps.cuh, 06l_bwd_tma_store.cuh, 06m_bwd_heavy_first.cuh,
-// 06n_bwd_k_in_registers.cuh) for the head dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D).
+// 06n_bwd_k_in_registers.cuh) for the head dims they were built for (fa3::BwdHeadDims), with
+// 05's workspace (dQ_acc, D).
 // l_deterministic is not a step but 06l's ablation: dQ added in key-block order.
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps,
                      l_tma_store, l_deterministic, m_heavy_first, n_k_in_registers };
@@ -268,8 +269,8 @@ std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
   // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns,
   // 06i_bwd_shared_space, 06j_bwd_issue_order, 06k_bwd_tall_steps, 06l_bwd_tma_store,
-  // 06m_bwd_heavy_first and 06n_bwd_k_in_registers run 06d's forward and their own backward, each checked against the
-  // step before it.
+  // 06m_bwd_heavy_first and 06n_bwd_k_in_registers run 06d's forward and their own backward,
+  // each checked against the step before it.
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
   };
