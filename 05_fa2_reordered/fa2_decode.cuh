@@ -121,6 +121,67 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
   }
 }
 
+// The narrow tile's warps each ran the online softmax over their own keys of every block: one
+// (m, l, O) per warp and row. Merged as the combine merges splits (rung 03's rescaling), with
+// M = max_w m_w and f_w = e^(m_w - M):  l = sum_w f_w l_w,  O = sum_w f_w O_w  (unnormalized), into
+// warp 0's registers, through `buf` (the K ring: every copy has landed and every warp left the
+// loop). Afterwards warp 0's l is the whole row's sum in every lane of the row's quad.
+template <class W, int kKeyWarps>
+__device__ __forceinline__ void merge_key_warps(float (&O_i)[Frag<W>::kM][Frag<W>::kO][4], float (&m_i)[Frag<W>::kM][2],
+                                                float (&l_i)[Frag<W>::kM][2], float* buf, float scale_log2,
+                                                int warp, int lane) {
+  constexpr int kRows = 16 * Frag<W>::kM;
+  constexpr int kValues = Frag<W>::kM * Frag<W>::kO * 4;  // O's floats per thread
+  float* row_m = buf;                          // [kKeyWarps][kRows]
+  float* row_l = buf + kKeyWarps * kRows;      // [kKeyWarps][kRows]
+  float* o_sum = buf + 2 * kKeyWarps * kRows;  // [kKeyWarps - 1][kValues][32]: warps 1.. scaled O
+  __syncthreads();  // every warp is done with the ring
+#pragma unroll
+  for (int mt = 0; mt < Frag<W>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float l = l_i[mt][half];
+      l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums of the row
+      l += __shfl_xor_sync(kFullWarp, l, 2);
+      l_i[mt][half] = l;
+      const int r = mt * 16 + lane / 4 + 8 * half;
+      if (lane % 4 == 0) row_m[warp * kRows + r] = m_i[mt][half], row_l[warp * kRows + r] = l;
+    }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < Frag<W>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 16 + lane / 4 + 8 * half;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kKeyWarps; ++w) M = fmaxf(M, row_m[w * kRows + r]);
+      // e^(m_w - M) in the exponent's units; 0 for a warp that saw no key of the row
+      auto share = [&](float m) { return m == -INFINITY ? 0.f : exp2f((m - M) * scale_log2); };
+      const float f = share(m_i[mt][half]);
+#pragma unroll
+      for (int dt = 0; dt < Frag<W>::kO; ++dt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) O_i[mt][dt][2 * half + e] *= f;
+      if (warp == 0) {
+        float l = 0.f;
+#pragma unroll
+        for (int w = 0; w < kKeyWarps; ++w) l += share(row_m[w * kRows + r]) * row_l[w * kRows + r];
+        m_i[mt][half] = M, l_i[mt][half] = l;
+      }
+    }
+  const float* flat = &O_i[0][0][0];
+  if (warp > 0)
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) o_sum[((warp - 1) * kValues + i) * 32 + lane] = flat[i];
+  __syncthreads();
+  if (warp == 0)
+#pragma unroll
+    for (int w = 1; w < kKeyWarps; ++w)
+#pragma unroll
+      for (int i = 0; i < kValues; ++i) (&O_i[0][0][0])[i] += o_sum[((w - 1) * kValues + i) * 32 + lane];
+}
+
 // Kernel 1: FA2's loop over the key blocks of split blockIdx.z, for row block blockIdx.y of
 // (batch, KV head) blockIdx.x. Paged: K and V from the paged cache, the keys of this
 // sequence only (seq_lens[b]).
@@ -182,17 +243,23 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   // (the row that sees least: keys <= Nk - Nq) sees.
   const int first_masked =
       kPaged ? (p.causal ? min(Nk / B_c, max(0, Nk - p.Nq + 1) / B_c) : Nk / B_c) : p.first_masked;
-  const int warp_row0 = row0 + warp_first_row<Cfg>(warp);
-  // A warp whose 16-row tile holds no packed row (warps 1-3 of the narrow tile, the last
-  // warps of the wide one at small R) copies K and V for the others and skips the math.
+  // What this warp computes (W: its rows and keys of a block). Narrow: all rows, keys
+  // warp_key0.. of each block; wide: rows warp_rows.., every key.
+  using W = typename Cfg::WarpView;
+  constexpr int kKeyWarps = Cfg::kKeyWarps;
+  const int warp_rows = kKeyWarps > 1 ? 0 : warp_first_row<W>(warp);
+  const int warp_key0 = (warp % kKeyWarps) * W::kWarpKeys;
+  const int warp_row0 = row0 + warp_rows;
+  // A warp whose 16-row tile holds no packed row (the last warps of the wide tile at small R)
+  // copies K and V for the others and skips the math.
   const bool has_rows = warp_row0 < p.R;
 
-  float O_i[Frag<Cfg>::kM][Frag<Cfg>::kO][4];
-  float m_i[Frag<Cfg>::kM][2], l_i[Frag<Cfg>::kM][2];
+  float O_i[Frag<W>::kM][Frag<W>::kO][4];
+  float m_i[Frag<W>::kM][2], l_i[Frag<W>::kM][2];
 #pragma unroll
-  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt) {
+  for (int mt = 0; mt < Frag<W>::kM; ++mt) {
 #pragma unroll
-    for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+    for (int dt = 0; dt < Frag<W>::kO; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) O_i[mt][dt][e] = 0.f;
 #pragma unroll
@@ -223,37 +290,47 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
     const int next = j + kStages - 1;
     if (next < T_c) load_kv(next % kStages, next);
     ptx::cp_async_commit();
-    const T* K_j = sm.sK + (j % kStages) * kTileKV;
-    const T* V_j = sm.sV + (j % kStages) * kTileKV;
+    // this warp's keys of block j (whole 8-row swizzle periods: the layout is unchanged)
+    const T* K_j = sm.sK + (j % kStages) * kTileKV + tile_offset<Cfg>(warp_key0, 0);
+    const T* V_j = sm.sV + (j % kStages) * kTileKV + tile_offset<Cfg>(warp_key0, 0);
 
     if (!has_rows) continue;  // it copies K and V for the others, computes nothing
 
-    float S_ij[Frag<Cfg>::kM][Frag<Cfg>::kS][4];
-    qk_tile<T, Cfg>(S_ij, sm.sQ, K_j, warp_first_row<Cfg>(warp), lane);
+    float S_ij[Frag<W>::kM][Frag<W>::kS][4];
+    qk_tile<T, W>(S_ij, sm.sQ, K_j, warp_rows, lane);
     if (j0 + j < first_masked) {
-      online_softmax<Cfg, false>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
+      online_softmax<W, false>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
     } else {
-      mask_decode_tile<T, Cfg>(S_ij, p, Nk, warp_row0, (j0 + j) * B_c, lane);
-      online_softmax<Cfg, true>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
+      mask_decode_tile<T, W>(S_ij, p, Nk, warp_row0, (j0 + j) * B_c + warp_key0, lane);
+      online_softmax<W, true>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
     }
-    uint32_t P_ij[Frag<Cfg>::kM][Cfg::kWarpKeys / 16][4];
-    pack_p<T, Cfg>(P_ij, S_ij);
-    pv_tile<T, Cfg>(O_i, P_ij, V_j, lane);
+    uint32_t P_ij[Frag<W>::kM][W::kWarpKeys / 16][4];
+    pack_p<T, W>(P_ij, S_ij);
+    pv_tile<T, W>(O_i, P_ij, V_j, lane);
   }
   ptx::cp_async_wait<0>();  // no copy outlives the CTA (the last groups are empty)
   // The combine may be launched once every CTA is this far; it waits for the whole grid.
   ptx::griddep_launch_dependents();
+  if constexpr (kKeyWarps > 1) {  // narrow: the warps' states into warp 0, which writes the rows
+    static_assert((2 * kKeyWarps * 16 * Frag<W>::kM + (kKeyWarps - 1) * 32 * Frag<W>::kM * Frag<W>::kO * 4) *
+                          sizeof(float) <= sizeof(T) * kStages * kTileKV,
+                  "the merge's buffer fits the K ring");
+    merge_key_warps<W, kKeyWarps>(O_i, m_i, l_i, reinterpret_cast<float*>(sm.sK), p.scale_log2, warp, lane);
+    if (warp != 0) return;
+  }
 
   // This split's O^(s) = O_i / l_i and L^(s) = m_i + log l_i (natural log, -inf for a row that
   // saw none of these keys, whose O^(s) = 0). Packed row r of KV head bkv is row bkv * R + r
   // of [B, H, Nq]. With one split, O^(s) and L^(s) are the answer: straight to O and lse.
 #pragma unroll
-  for (int mt = 0; mt < Frag<Cfg>::kM; ++mt)
+  for (int mt = 0; mt < Frag<W>::kM; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float l = l_i[mt][half];
-      l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums of the row
-      l += __shfl_xor_sync(kFullWarp, l, 2);
+      if constexpr (kKeyWarps == 1) {  // (merge_key_warps has summed the quad's lanes)
+        l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums of the row
+        l += __shfl_xor_sync(kFullWarp, l, 2);
+      }
       const int r = warp_row0 + mt * 16 + lane / 4 + 8 * half;
       if (r >= p.R) continue;
       const int64_t row = int64_t(bkv) * p.R + r;
@@ -263,7 +340,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
       if (p.splits == 1) {
         T* out = p.o + row * D + 2 * (lane % 4);
 #pragma unroll
-        for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+        for (int dt = 0; dt < Frag<W>::kO; ++dt)
           *reinterpret_cast<uint32_t*>(out + dt * 8) = pack2<T>(O_i[mt][dt][2 * half] * inv_l, O_i[mt][dt][2 * half + 1] * inv_l);
         if (p.lse && lane % 4 == 0) p.lse[row] = L;
         continue;
@@ -271,7 +348,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
       const int64_t slot = row * p.splits + split;
       float* out = p.o_part + slot * D + 2 * (lane % 4);
 #pragma unroll
-      for (int dt = 0; dt < Frag<Cfg>::kO; ++dt)
+      for (int dt = 0; dt < Frag<W>::kO; ++dt)
         *reinterpret_cast<float2*>(out + dt * 8) =
             make_float2(O_i[mt][dt][2 * half] * inv_l, O_i[mt][dt][2 * half + 1] * inv_l);
       if (lane % 4 == 0) p.lse_part[slot] = L;

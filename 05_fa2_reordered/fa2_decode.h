@@ -30,16 +30,25 @@ constexpr double kDecodeLoadedLatencyNs = 2000;
 
 // The two tiles of the split kernel. Both run 4 warps, and all 128 threads copy K and V.
 //  - Narrow, R <= 16 packed rows (Nq = 1 up to 16 query heads per KV head; Nq = 4 at 4):
-//    one 16-row mma tile holds them all, so warp 0 computes and warps 1-3 only copy. A ring
-//    of kStages K/V blocks (3 or 4, decode_split picks) keeps kStages - 1 blocks in flight;
-//    Q takes 16 rows of shared memory, not 64.
-//  - Wide, R > 16: FA2's tile, 16 rows per warp, a 2-stage ring.
+//    one 16-row mma tile holds them all, so the warps split each block's keys instead: warp w
+//    computes all rows against keys 16w..16w+15 of every block, with its own online softmax
+//    (m, l, O), and the four states are merged once, at the end, as the combine merges splits.
+//    A ring of kStages K/V blocks (3 or 4, decode_split picks) keeps kStages - 1 blocks in
+//    flight; Q takes 16 rows of shared memory, not 64.
+//  - Wide, R > 16: FA2's tile, 16 rows per warp, all keys each, a 2-stage ring.
+// WarpView is the tile one warp computes on (its rows and keys of a block); kKeyWarps the
+// warps that split a block's keys.
 template <int kD, int kStages>
 struct DecodeTileNarrow : Tile<kD, 16, kDecodeBc, 1, kStages> {
-  static constexpr int kThreads = 128;  // 4 warps copy; Tile's kWarps = 1 warp owns rows
+  static constexpr int kThreads = 128;  // 4 warps copy, and compute a quarter of the keys each
+  static constexpr int kKeyWarps = 4;
+  using WarpView = Tile<kD, 16, kDecodeBc / kKeyWarps, 1, kStages>;
 };
 template <int kD>
-using DecodeTileWide = Tile<kD, 64, kDecodeBc, 4, 2>;
+struct DecodeTileWide : Tile<kD, 64, kDecodeBc, 4, 2> {
+  static constexpr int kKeyWarps = 1;
+  using WarpView = Tile<kD, 64, kDecodeBc, 4, 2>;
+};
 constexpr int kDecodeNarrowRows = 16;
 constexpr int kDecodeWideRows = 64;
 constexpr int kDecodeNarrowStages[] = {3, 4};  // the ring depths instantiated for the narrow tile
