@@ -20,7 +20,7 @@ constexpr int kDecodeMaxNq = 64;          // query rows per head it takes (decod
 constexpr int kDecodeBc = 64;             // keys per K/V block
 constexpr int kDecodeMinSplitKeys = 256;  // fewer keys per split and the combine costs more than it saves
 constexpr int kDecodeMaxWaves = 4;  // the split count's search stops at grids of this many waves
-constexpr double kDecodeWaveFill = 0.95; // the fewest splits within this share of the best wave efficiency
+constexpr double kDecodeWaveFill = 0.95; // the fewest splits whose grid takes at most 1/0.95 of the best's time
 // The latency of a load while the HBM streams near its peak (the model's one constant that no
 // device property gives). Idle, a Hopper DRAM load takes well under a microsecond; at full
 // bandwidth the requests queue and each waits longer. `attn_bench --inflight` measures it on
@@ -156,12 +156,13 @@ inline void decode_pipeline(const DecodeDevice& dev, int d, bool narrow, int& st
 }
 
 // The number of splits. The B * Hkv * row_blocks CTAs of an unsplit grid are far fewer than
-// the SMs at decode (8 at B = 1, Hkv = 8). Every split multiplies them; CTAs of equal length
-// run in waves, so a grid of 1.1 waves takes as long as 2. A wave is ctas_per_sm x SMs CTAs
-// (decode_pipeline: what keeps each SM's share of bytes in flight). Among split counts that
-// leave at least kDecodeMinSplitKeys keys per split, take the fewest (longest CTAs, least to
-// combine) whose last wave is nearly as full as the best:
-//   efficiency(s) = waves(s) / ceil(waves(s)),   waves(s) = CTAs(s) / (ctas_per_sm * sm_count)
+// the SMs at decode (8 at B = 1, Hkv = 8). Every split multiplies them; CTAs run in waves, so
+// a grid of 1.1 waves takes as long as 2, and each wave as long as its longest CTA: a split of
+// keys_per_split keys (the last split may be shorter, never longer). A wave is ctas_per_sm x
+// SMs CTAs (decode_pipeline: what keeps each SM's share of bytes in flight). Among split counts
+// that leave at least kDecodeMinSplitKeys keys per split, take the fewest (longest CTAs, least
+// to combine) whose grid takes nearly as little time as the best:
+//   time(s) ~ ceil(CTAs(s) / (ctas_per_sm * sm_count)) * keys_per_split(s)
 inline DecodeSplit decode_split(const AttnProblem& p, const DecodeDevice& dev) {
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   DecodeSplit s{};
@@ -177,15 +178,15 @@ inline DecodeSplit decode_split(const AttnProblem& p, const DecodeDevice& dev) {
   const int64_t most = std::max<int64_t>(
       1, std::min<int64_t>(p.Nk / kDecodeMinSplitKeys, ceil_div(int64_t(kDecodeMaxWaves * slots), base)));
   auto keys_for = [&](int64_t n) { return ceil_div(ceil_div(p.Nk, n), kDecodeBc) * kDecodeBc; };
-  auto efficiency = [&](int64_t splits) {
-    const double waves = double(base * splits) / slots;
-    return waves / std::ceil(waves);
+  auto time = [&](int64_t n) {  // in keys streamed by one CTA: waves x the longest CTA's keys
+    const int64_t splits = ceil_div(p.Nk, keys_for(n));
+    return double(ceil_div(base * splits, int64_t(slots))) * double(keys_for(n));
   };
-  double best = 0;
-  for (int64_t n = 1; n <= most; ++n) best = std::max(best, efficiency(ceil_div(p.Nk, keys_for(n))));
+  double best = time(1);
+  for (int64_t n = 2; n <= most; ++n) best = std::min(best, time(n));
   for (int64_t n = 1; n <= most; ++n) {
     const int64_t splits = ceil_div(p.Nk, keys_for(n));  // whole blocks per split may drop a few
-    if (efficiency(splits) >= kDecodeWaveFill * best) {
+    if (kDecodeWaveFill * time(n) <= best) {
       s.keys_per_split = int(keys_for(n));
       s.splits = int(splits);
       break;

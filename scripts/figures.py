@@ -1254,11 +1254,11 @@ def decode_split(B, Hkv, group, Nq, Nk, sms, ctas_per_sm=1):
     slots = sms * ctas_per_sm  # a wave
     most = max(1, min(Nk // min_keys, -(-(max_waves * slots) // base)))
     keys_for = lambda n: -(-(-(-Nk // n)) // bc) * bc  # noqa: E731
-    eff = lambda sp: (base * sp / slots) / np.ceil(base * sp / slots)  # noqa: E731
-    best = max(eff(-(-Nk // keys_for(n))) for n in range(1, most + 1))
+    time = lambda n: -(-base * -(-Nk // keys_for(n)) // slots) * keys_for(n)  # noqa: E731  waves x longest CTA
+    best = min(time(n) for n in range(1, most + 1))
     for n in range(1, most + 1):
         sp = -(-Nk // keys_for(n))
-        if eff(sp) >= fill * best:
+        if fill * time(n) <= best:
             return sp, keys_for(n), base * sp
     raise RuntimeError("decode_split found no split")
 

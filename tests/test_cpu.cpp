@@ -346,6 +346,10 @@ TEST(Fa2Decode, SplitsFillWholeWavesWithEnoughKeysEach) {
   EXPECT_EQ(decode_split(p, h200).keys_per_split, 4096);
   EXPECT_EQ(decode_split(p, h100).splits, 16);
   p.Nk = 65536;
+  // A wave lasts as long as its longest CTA: 31 splits (248 CTAs) would fill the wave as well,
+  // but with 2176 keys each (the 31st gets 224); 32 splits of 2048 finish 6 % sooner.
+  EXPECT_EQ(decode_split(p, h200).splits, 32);
+  EXPECT_EQ(decode_split(p, h200).keys_per_split, 2048);
   // B = 8: 64 CTAs; 2 splits make 128, one H100 wave; 4 make 256, one H200 wave.
   p.B = 8;
   EXPECT_EQ(decode_split(p, h100).splits, 2);
