@@ -1296,6 +1296,41 @@ def fig_decode_littles_law(path):
     save(fig, path)
 
 
+@figure("05_fa2_reordered/figures/decode_warps_split_keys.png")
+def fig_decode_warps(path):
+    """The narrow decode tile (fa2_decode.h): its warps split each K/V block's keys, each keeps
+    its own (m, l, O) over the loop, and the states merge once at the end."""
+    src = "05_fa2_reordered/fa2_decode.h"
+    (bc,) = parse(src, r"kDecodeBc = (\d+);")
+    (rows,) = parse(src, r"kDecodeNarrowRows = (\d+);")
+    (warps,) = parse(src, r"kKeyWarps = (\d+);")
+    keys = bc // warps
+    cmap = plt.get_cmap("tab10")
+    col = lambda w, a=0.35: matplotlib.colors.to_rgba(cmap(w), a)  # noqa: E731
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    u = 0.06  # drawing units per key or column
+    h = 1.2
+    box(ax, 0, 2.8, 2.2, h, f"Q  [{rows} rows × d]\n(R = 4 real at N_q = 1,\n4 heads per KV head)", color="#eeeeee", fs=8)
+    ax.text(1.1, 2.8 + h + 0.15, "shared by all warps", ha="center", fontsize=8.5)
+    x0 = 3.0
+    for w in range(warps):  # K_j's rows, one colour per warp
+        box(ax, x0 + w * keys * u, 2.8, keys * u, h, f"keys\n{w * keys}..{(w + 1) * keys - 1}", color=col(w), fs=7.5)
+        box(ax, x0 + w * keys * u, 0.9, keys * u, h, f"warp {w}\nS, P", color=col(w), fs=7.5)
+    ax.text(x0 + bc * u / 2, 2.8 + h + 0.15, f"K_j, V_j: one block of B_c = {bc} keys (the ring)", ha="center", fontsize=8.5)
+    ax.text(x0 + bc * u / 2, 0.9 - 0.3, f"S = Q K_jᵀ, P, and O_w += P V_j on the warp's {keys} keys", ha="center", fontsize=8.5)
+    xo = x0 + bc * u + 1.0
+    for w in range(warps):
+        box(ax, xo, 3.3 - w * 0.85, 2.4, 0.65, f"warp {w}: m_{w}, ℓ_{w}, O_{w}", color=col(w), fs=8)
+        arrow(ax, (xo + 2.4, 3.62 - w * 0.85), (xo + 3.2, 2.0), color=cmap(w))
+    ax.text(xo + 1.2, 4.2, "four online softmaxes,\nall blocks of the split", ha="center", fontsize=8.5)
+    box(ax, xo + 3.2, 1.5, 2.6, 1.0, "merge (once):\nM = max m_w\nO = Σ e^(m_w − M) O_w / ℓ", color="#fff3c4", fs=8)
+    ax.set_title(f"The narrow decode tile: {warps} warps split each block's {bc} keys ({keys} each) instead of its "
+                 f"{rows} rows;\neach warp's state stays in its registers until one merge in shared memory "
+                 "(merge_key_warps, fa2_decode.cuh)", fontsize=9.5)
+    blank(ax, (-0.2, xo + 6.0), (0.2, 4.6))
+    save(fig, path)
+
+
 @figure("05_fa2_reordered/figures/decode_splits.png")
 def fig_decode(path):
     sms = 132  # an H100 SXM's (the reference run's) SMs
