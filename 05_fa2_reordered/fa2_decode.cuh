@@ -121,6 +121,35 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
   }
 }
 
+// The narrow tile's S = Q K_j^T with Q's A fragments held in registers: its one 16-row tile is
+// the same for every block, so each warp reads it from shared memory once (load_q_frags), not
+// once per block as qk_tile does; only this warp's keys of K_j are read per block.
+template <class W, typename T>
+__device__ __forceinline__ void load_q_frags(uint32_t (&a)[W::kD / 16][4], const T* sQ, int lane) {
+  const uint32_t q_base = lane_row<W>(sQ, lane % 16, lane / 16);  // as qk_tile's A
+#pragma unroll
+  for (int kk = 0; kk < W::kD / 16; ++kk) ptx::ldmatrix_x4(a[kk], frag_addr<W>(q_base, 0, kk));
+}
+template <class W, typename T>
+__device__ __forceinline__ void qk_tile_q_regs(float (&S_ij)[1][Frag<W>::kS][4], const uint32_t (&a)[W::kD / 16][4],
+                                               const T* sK, int lane) {
+  static_assert(Frag<W>::kM == 1, "one 16-row tile");
+  const uint32_t k_base = lane_row<W>(sK, lane % 8 + (lane / 16) * 8, (lane / 8) % 2);  // as qk_tile's B
+#pragma unroll
+  for (int nt = 0; nt < Frag<W>::kS; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) S_ij[0][nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < W::kD / 16; ++kk)
+#pragma unroll
+    for (int np = 0; np < W::kWarpKeys / 16; ++np) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4(b, frag_addr<W>(k_base, np * 16, kk));
+      ptx::mma_16816<T>(S_ij[0][2 * np], a[kk], b[0], b[1]);
+      ptx::mma_16816<T>(S_ij[0][2 * np + 1], a[kk], b[2], b[3]);
+    }
+}
+
 // The narrow tile's warps each ran the online softmax over their own keys of every block: one
 // (m, l, O) per warp and row. Merged as the combine merges splits (rung 03's rescaling), with
 // M = max_w m_w and f_w = e^(m_w - M):  l = sum_w f_w l_w,  O = sum_w f_w O_w  (unnormalized), into
@@ -256,6 +285,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
 
   float O_i[Frag<W>::kM][Frag<W>::kO][4];
   float m_i[Frag<W>::kM][2], l_i[Frag<W>::kM][2];
+  uint32_t q_frag[kKeyWarps > 1 ? D / 16 : 1][4];  // narrow: Q's A fragments, read at block 0
 #pragma unroll
   for (int mt = 0; mt < Frag<W>::kM; ++mt) {
 #pragma unroll
@@ -297,7 +327,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
     if (!has_rows) continue;  // it copies K and V for the others, computes nothing
 
     float S_ij[Frag<W>::kM][Frag<W>::kS][4];
-    qk_tile<T, W>(S_ij, sm.sQ, K_j, warp_rows, lane);
+    if constexpr (kKeyWarps > 1) {  // narrow: Q's fragments once (block 0 landed with Q), then per block K_j only
+      if (j == 0) load_q_frags<W>(q_frag, sm.sQ, lane);
+      qk_tile_q_regs<W>(S_ij, q_frag, K_j, lane);
+    } else {
+      qk_tile<T, W>(S_ij, sm.sQ, K_j, warp_rows, lane);
+    }
     if (j0 + j < first_masked) {
       online_softmax<W, false>(S_ij, O_i, m_i, l_i, p.scale_log2, p.rescale_log2);
     } else {
