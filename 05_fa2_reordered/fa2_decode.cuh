@@ -276,6 +276,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   // warp_key0.. of each block; wide: rows warp_rows.., every key.
   using W = typename Cfg::WarpView;
   constexpr int kKeyWarps = Cfg::kKeyWarps;
+  static_assert(kKeyWarps == 1 || kKeyWarps * 32 == Cfg::kThreads,
+                "every warp takes a share of the keys (fewer would need has_rows and merge_key_warps to skip the rest)");
   const int warp_rows = kKeyWarps > 1 ? 0 : warp_first_row<W>(warp);
   const int warp_key0 = (warp % kKeyWarps) * W::kWarpKeys;
   const int warp_row0 = row0 + warp_rows;
