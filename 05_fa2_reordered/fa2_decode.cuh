@@ -76,9 +76,9 @@ __device__ __forceinline__ void mask_decode_tile(float (&S_ij)[Frag<Cfg>::kM][Fr
 // page pages[n / page_size], slot n % page_size, rows Hkv * d apart. Keys at or past Nk are
 // zero-filled and never read. The caller has checked every page index it uses.
 //
-// The address work runs in every warp, the one that computes included, once per block: in
-// the narrow tile that warp alone does the block's math, so what it adds here lengthens every
-// block. Hence two paths. A block in one page (page_size a power-of-two multiple of kRows;
+// The address work runs in every warp once per block, and every warp of the narrow tile also
+// computes its share of the block's math, so what it adds here lengthens every block. Hence
+// two paths. A block in one page (page_size a power-of-two multiple of kRows;
 // first_key is a multiple of kRows): one block-table entry, then rows at a fixed stride as in
 // the contiguous copy. Otherwise a lookup per row, by shift and mask where page_size is a power
 // of two (page_shift >= 0), by division where not.
