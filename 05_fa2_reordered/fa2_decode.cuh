@@ -154,7 +154,8 @@ __device__ __forceinline__ void qk_tile_q_regs(float (&S_ij)[1][Frag<W>::kS][4],
 // (m, l, O) per warp and row. Merged as the combine merges splits (rung 03's rescaling), with
 // M = max_w m_w and f_w = e^(m_w - M):  l = sum_w f_w l_w,  O = sum_w f_w O_w  (unnormalized), into
 // warp 0's registers, through `buf` (the K ring: every copy has landed and every warp left the
-// loop). Afterwards warp 0's l is the whole row's sum in every lane of the row's quad.
+// loop). l_i: each row's whole sum over the warp's keys (the quad's lanes added), as is warp
+// 0's merged l afterwards.
 template <class W, int kKeyWarps>
 __device__ __forceinline__ void merge_key_warps(float (&O_i)[Frag<W>::kM][Frag<W>::kO][4], float (&m_i)[Frag<W>::kM][2],
                                                 float (&l_i)[Frag<W>::kM][2], float* buf, float scale_log2,
@@ -169,12 +170,8 @@ __device__ __forceinline__ void merge_key_warps(float (&O_i)[Frag<W>::kM][Frag<W
   for (int mt = 0; mt < Frag<W>::kM; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float l = l_i[mt][half];
-      l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums of the row
-      l += __shfl_xor_sync(kFullWarp, l, 2);
-      l_i[mt][half] = l;
       const int r = mt * 16 + lane / 4 + 8 * half;
-      if (lane % 4 == 0) row_m[warp * kRows + r] = m_i[mt][half], row_l[warp * kRows + r] = l;
+      if (lane % 4 == 0) row_m[warp * kRows + r] = m_i[mt][half], row_l[warp * kRows + r] = l_i[mt][half];
     }
   __syncthreads();
 #pragma unroll
@@ -199,7 +196,7 @@ __device__ __forceinline__ void merge_key_warps(float (&O_i)[Frag<W>::kM][Frag<W
         m_i[mt][half] = M, l_i[mt][half] = l;
       }
     }
-  const float* flat = &O_i[0][0][0];
+  float* flat = &O_i[0][0][0];
   if (warp > 0)
 #pragma unroll
     for (int i = 0; i < kValues; ++i) o_sum[((warp - 1) * kValues + i) * 32 + lane] = flat[i];
@@ -208,7 +205,7 @@ __device__ __forceinline__ void merge_key_warps(float (&O_i)[Frag<W>::kM][Frag<W
 #pragma unroll
     for (int w = 1; w < kKeyWarps; ++w)
 #pragma unroll
-      for (int i = 0; i < kValues; ++i) (&O_i[0][0][0])[i] += o_sum[((w - 1) * kValues + i) * 32 + lane];
+      for (int i = 0; i < kValues; ++i) flat[i] += o_sum[((w - 1) * kValues + i) * 32 + lane];
 }
 
 // Kernel 1: FA2's loop over the key blocks of split blockIdx.z, for row block blockIdx.y of
@@ -348,6 +345,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   ptx::cp_async_wait<0>();  // no copy outlives the CTA (the last groups are empty)
   // The combine may be launched once every CTA is this far; it waits for the whole grid.
   ptx::griddep_launch_dependents();
+#pragma unroll
+  for (int mt = 0; mt < Frag<W>::kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // each row's l: the 4 lanes' partial sums, added
+      l_i[mt][half] += __shfl_xor_sync(kFullWarp, l_i[mt][half], 1);
+      l_i[mt][half] += __shfl_xor_sync(kFullWarp, l_i[mt][half], 2);
+    }
   if constexpr (kKeyWarps > 1) {  // narrow: the warps' states into warp 0, which writes the rows
     static_assert((2 * kKeyWarps * 16 * Frag<W>::kM + (kKeyWarps - 1) * 32 * Frag<W>::kM * Frag<W>::kO * 4) *
                           sizeof(float) <= sizeof(T) * kStages * kTileKV,
@@ -363,11 +367,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   for (int mt = 0; mt < Frag<W>::kM; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float l = l_i[mt][half];
-      if constexpr (kKeyWarps == 1) {  // (merge_key_warps has summed the quad's lanes)
-        l += __shfl_xor_sync(kFullWarp, l, 1);  // the 4 lanes' partial sums of the row
-        l += __shfl_xor_sync(kFullWarp, l, 2);
-      }
+      const float l = l_i[mt][half];
       const int r = warp_row0 + mt * 16 + lane / 4 + 8 * half;
       if (r >= p.R) continue;
       const int64_t row = int64_t(bkv) * p.R + r;

@@ -47,7 +47,7 @@ struct DecodeTileNarrow : Tile<kD, 16, kDecodeBc, 1, kStages> {
 template <int kD>
 struct DecodeTileWide : Tile<kD, 64, kDecodeBc, 4, 2> {
   static constexpr int kKeyWarps = 1;
-  using WarpView = Tile<kD, 64, kDecodeBc, 4, 2>;
+  using WarpView = DecodeTileWide;  // FA2's split: each warp computes on the tile's own rows
 };
 constexpr int kDecodeNarrowRows = 16;
 constexpr int kDecodeWideRows = 64;
