@@ -56,12 +56,13 @@ timeline_n=(2048 4096 16384)
 timeline_fp8_n=(4096 8192 16384)
 timeline_bwd_n=(2048 16384)  # the backward's CTAs (06k, 06l), d = 128 and 64
 vs_cudnn=(--d 64,128,256 --n 4096,8192,16384)
+vs_cudnn_bwd=(--d 64,128 --n 2048,4096,8192,16384)  # 06d's and 05's backward, cuDNN's in turns
 train_steps=200
 # Rows per step: problems x rungs (or backends). 21 forward rungs at d = 64/128, fewer at 256
 # (taken as 21), 5 FP8 rungs, 3 decode rungs, 4 backward rungs, 4 SDPA backends (2 for decode
 # and backward); vs_cudnn: problems x rounds.
 rows_bench=$((6 * 3 * 2 * 21)) rows_fp8=$((6 * 3 * 5)) rows_decode=$((3 * 2 * 4 * 3)) rows_bwd=$((6 * 2 * 2 * 6))
-rows_peers=$((6 * 3 * 2 * 4)) rows_vs=$((3 * 3 * 2 * 4)) rows_decode_peers=$((3 * 2 * 4 * 2)) rows_bwd_peers=$((6 * 2 * 2 * 2))
+rows_peers=$((6 * 3 * 2 * 4)) rows_vs=$((3 * 3 * 2 * 4 + 4 * 2 * 2 * 4 * 3 / 2)) rows_decode_peers=$((3 * 2 * 4 * 2)) rows_bwd_peers=$((6 * 2 * 2 * 2))
 if [[ $quick -eq 1 ]]; then
   sweep+=(--d 128 --n 1024,4096)
   timing=(--repeats 10 --warm-seconds 0.1)
@@ -75,9 +76,10 @@ if [[ $quick -eq 1 ]]; then
   timeline_fp8_n=(4096)
   timeline_bwd_n=(2048)
   vs_cudnn=(--d 128 --n 4096 --causal 0 --rounds 2 --repeats 10)
+  vs_cudnn_bwd=(--d 128 --n 4096 --causal 0 --rounds 2 --repeats 10)
   train_steps=50
   rows_bench=$((2 * 2 * 21)) rows_fp8=5 rows_decode=$((3 * 4 * 3)) rows_bwd=$((2 * 2 * 6))
-  rows_peers=$((2 * 2 * 2)) rows_vs=2 rows_decode_peers=$((3 * 4 * 2)) rows_bwd_peers=$((2 * 2 * 2))
+  rows_peers=$((2 * 2 * 2)) rows_vs=5 rows_decode_peers=$((3 * 4 * 2)) rows_bwd_peers=$((2 * 2 * 2))
 fi
 peer_backends=(--backends flash,cudnn,efficient,math)
 [[ $quick -eq 1 ]] && peer_backends=(--backends flash,cudnn)  # the two that the README and the lessons show
@@ -100,7 +102,7 @@ plan "backward: 04, 05 and its ablations, 06e-06j" $((rows_bwd * (${#bwd_check[@
 plan "tile timeline: where a persistent CTA's time goes" $(((${#timeline_n[@]} + ${#timeline_fp8_n[@]} + ${#timeline_bwd_n[@]}) * 3))
 plan "peers: PyTorch SDPA on the same sweep, decode and backward" \
   $((rows_peers * row / 2 + rows_decode_peers / 2 + rows_bwd_peers * 2 + 90))
-plan "vs_cudnn: 06d and cuDNN in turns" $((rows_vs + 10))
+plan "vs_cudnn: 06d (and 05's backward) and cuDNN in turns, forward and backward" $((rows_vs + 10))
 train_step_s=0  # full run only: whole training steps of two larger models, 06d and 05 against SDPA
 [[ $quick -eq 0 ]] && train_step_s=40
 plan "training: a 2-layer LM, 05 against SDPA$([[ $quick -eq 0 ]] && echo '; whole steps of two 4-layer models')" \
@@ -212,6 +214,9 @@ if python3 -c 'import torch' 2>/dev/null; then
   step "${vs_cudnn[*]}, vs_cudnn.csv"
   ATTN_LADDER_LIB=build/libattn_ladder.so python3 scripts/vs_cudnn.py "${vs_cudnn[@]}" \
     --csv "$out_dir/vs_cudnn.csv" >> "$out_dir/peers.log" 2>&1 || log "vs_cudnn FAILED (see peers.log)"
+  ATTN_LADDER_LIB=build/libattn_ladder.so python3 scripts/vs_cudnn.py --backward --rung 06d_fa3,05_fa2_reordered \
+    "${vs_cudnn_bwd[@]}" --csv "$out_dir/vs_cudnn.csv" --append >> "$out_dir/peers.log" 2>&1 ||
+    log "vs_cudnn --backward FAILED (see peers.log)"
   step "$train_steps steps, train_loss.csv, train_loss.png"
   ATTN_LADDER_LIB=build/libattn_ladder.so python3 scripts/train_compare.py --steps "$train_steps" --out "$out_dir" ||
     log "training FAILED"

@@ -10,8 +10,17 @@ peers.py's time_call (0.3 s warm-up, L2 flushed before each call, median). Repor
 median over rounds of each, their ratio (> 1: the rung is faster), and the lowest and
 highest ratio of a single round. Before timing, the rung's O is compared with cuDNN's.
 
+--backward: the same for the backward pass alone, given O and lse: the rung's backward
+(attn_ladder's run_backward on its own forward's O and lse) against
+torch.autograd.grad through one cuDNN forward (peers.py --backward's call); the column
+o_diff then holds the largest relative difference of dQ, dK, dV from cuDNN's. The printed
+line adds the SM clock NVML saw after each side's last timing (MHz, where torch can read it):
+a kernel that draws more power runs at a lower clock under the power cap.
+
     scripts/vs_cudnn.py --rung 06d_fa3 --d 64,128 --n 4096,8192,16384 --causal both \\
                         --csv results/<gpu>/vs_cudnn.csv
+    scripts/vs_cudnn.py --backward --rung 06d_fa3,05_fa2_reordered --d 64,128 \\
+                        --n 2048,4096,8192,16384 --csv results/<gpu>/vs_cudnn.csv --append
 
 Problems: the papers' sweep (B*N = 16384, H = 2048/d), bf16.
 """
@@ -45,15 +54,77 @@ def summarize(rung_ms, peer_ms):
     return r, p, p / r, min(per_round), max(per_round)
 
 
+def relative_diff(x, ref):
+    ref = ref.float()
+    return ((x.float() - ref).norm() / ref.norm()).item()
+
+
+def setup_forward(rung, q, k, v, dout, causal):
+    """The two forward calls and the relative difference of their O (the bound checked)."""
+    cudnn = peers.attention_call(peers.SDPBackend.CUDNN_ATTENTION, q, k, v, causal, None)
+
+    def ours():
+        with torch.no_grad():
+            return attn_ladder.run(rung, q, k, v, causal=bool(causal))
+
+    o = call_or_exit(ours, rung, q, causal)
+    with torch.no_grad():
+        diff = relative_diff(o, cudnn())
+    return ours, cudnn, check_diff(diff, rung, q, causal)
+
+
+def setup_backward(rung, q, k, v, dout, causal):
+    """The two backward calls (each given its own forward's outputs) and the largest relative
+    difference of their dQ, dK, dV."""
+    o, lse = call_or_exit(lambda: attn_ladder.run(rung, q, k, v, causal=bool(causal), return_lse=True), rung, q, causal)
+
+    def ours():
+        return attn_ladder._capi.run_backward(rung, q, k, v, o, lse, dout, causal=bool(causal))
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o_ref = peers.attention_call(peers.SDPBackend.CUDNN_ATTENTION, *leaves, causal, None)()
+
+    def cudnn():
+        return torch.autograd.grad(o_ref, leaves, dout, retain_graph=True)
+
+    mine = call_or_exit(ours, rung, q, causal)
+    diff = max(relative_diff(x, ref) for x, ref in zip(mine, cudnn()))
+    return ours, cudnn, check_diff(diff, rung, q, causal)
+
+
+def call_or_exit(call, rung, q, causal):
+    try:
+        return call()
+    except (attn_ladder.AttnLadderError, ValueError) as e:  # a shape the rung refuses
+        sys.exit(f"vs_cudnn.py: {rung} refuses d={q.shape[3]} N={q.shape[2]} causal={causal}: {e}")
+
+
+def check_diff(diff, rung, q, causal):
+    if not diff <= O_DIFF_BOUND:
+        sys.exit(f"vs_cudnn.py: {rung} and cuDNN disagree at d={q.shape[3]} N={q.shape[2]} causal={causal}: "
+                 f"relative difference {diff:.2e} > {O_DIFF_BOUND}")
+    return diff
+
+
+def sm_clock_mhz():
+    """The SM clock NVML reports now (MHz), None where torch cannot read it (no pynvml)."""
+    try:
+        return torch.cuda.clock_rate()
+    except Exception:  # noqa: BLE001  (pynvml missing or NVML unavailable: the column is optional)
+        return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rung", default="06d_fa3")
+    ap.add_argument("--rung", default="06d_fa3", help="one rung or several, comma-separated (all timed in turns)")
     ap.add_argument("--d", default="64,128")
     ap.add_argument("--n", default="4096,8192,16384")
     ap.add_argument("--causal", choices=["0", "1", "both"], default="both")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--backward", action="store_true", help="time the backward passes (rungs <name>_bwd)")
     ap.add_argument("--csv", type=pathlib.Path)
+    ap.add_argument("--append", action="store_true", help="add rows to --csv (the header only if it is new)")
     a = ap.parse_args(argv)
     if a.rounds < 1:
         sys.exit("vs_cudnn.py: --rounds must be at least 1")
@@ -67,43 +138,46 @@ def main(argv=None):
     writer = None
     if a.csv:
         a.csv.parent.mkdir(parents=True, exist_ok=True)
-        out = open(a.csv, "w", newline="")
+        new = not (a.append and a.csv.is_file() and a.csv.stat().st_size > 0)
+        out = open(a.csv, "w" if new else "a", newline="")
         writer = csv.DictWriter(out, fieldnames=COLUMNS)
-        writer.writeheader()
-    print(f"{a.rung} against torch_cudnn, {a.rounds} rounds each, on {gpu}")
-    print(f"{'d':>4} {'N':>6} {'causal':>6} {'rung ms':>9} {'cuDNN ms':>9} {'speedup':>8} {'rounds':>13}")
+        if new:
+            writer.writeheader()
+    what = "backward" if a.backward else "forward"
+    rungs = a.rung.split(",")
+    print(f"{', '.join(rungs)} against torch_cudnn ({what}), {a.rounds} rounds each, in turns, on {gpu}")
+    print(f"{'rung':>18} {'d':>4} {'N':>6} {'causal':>6} {'rung ms':>9} {'cuDNN ms':>9} {'speedup':>8} {'rounds':>13}")
     for d in map(int, a.d.split(",")):
         for n in map(int, a.n.split(",")):
             B, H = max(1, peers.PAPER_TOKENS // n), max(1, peers.PAPER_HIDDEN // d)
             q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            dout = torch.randn_like(q) if a.backward else None
             for causal in causals:
-                cudnn = peers.attention_call(peers.SDPBackend.CUDNN_ATTENTION, q, k, v, causal, None)
-                with torch.no_grad():
-                    ours = lambda: attn_ladder.run(a.rung, q, k, v, causal=bool(causal))  # noqa: E731
-                    try:
-                        o = ours()
-                    except (attn_ladder.AttnLadderError, ValueError) as e:  # a shape the rung refuses
-                        sys.exit(f"vs_cudnn.py: {a.rung} refuses d={d} N={n} causal={causal}: {e}")
-                    ref = cudnn().float()
-                    o_diff = ((o.float() - ref).norm() / ref.norm()).item()
-                    if not o_diff <= O_DIFF_BOUND:
-                        sys.exit(f"vs_cudnn.py: {a.rung} and cuDNN disagree at d={d} N={n} causal={causal}: "
-                                 f"relative difference {o_diff:.2e} > {O_DIFF_BOUND}")
-                    times = {"rung": [], "peer": []}
-                    for i in range(a.rounds):
-                        order = [("rung", ours), ("peer", cudnn)]
-                        for name, call in order if i % 2 == 0 else order[::-1]:
-                            times[name].append(peers.time_call(call, a.repeats, flush, "flushed")[0])
-                r, p, s, lo, hi = summarize(times["rung"], times["peer"])
-                row = {"gpu": gpu, "rung": a.rung, "peer": "torch_cudnn", "dtype": "bf16", "B": B, "H": H, "N": n,
-                       "d": d, "causal": causal, "rounds": a.rounds, "rung_ms": f"{r:.4f}", "peer_ms": f"{p:.4f}",
-                       "speedup": f"{s:.3f}", "speedup_min": f"{lo:.3f}", "speedup_max": f"{hi:.3f}",
-                       "o_diff": f"{o_diff:.2e}", "git_sha": sha}
-                if writer:
-                    writer.writerow(row)
-                    out.flush()
-                print(f"{d:>4} {n:>6} {causal:>6} {r:>9.3f} {p:>9.3f} {s:>8.3f} {lo:>6.3f}-{hi:.3f}", flush=True)
-            del q, k, v
+                make = setup_backward if a.backward else setup_forward
+                calls, diffs = {}, {}
+                for rung in rungs:
+                    calls[rung], calls["peer"], diffs[rung] = make(rung, q, k, v, dout, causal)
+                times, mhz = {name: [] for name in calls}, {name: None for name in calls}
+                for i in range(a.rounds):
+                    order = list(calls.items())
+                    for name, call in order if i % 2 == 0 else order[::-1]:
+                        times[name].append(peers.time_call(call, a.repeats, flush, "flushed")[0])
+                        mhz[name] = sm_clock_mhz()
+                del calls
+                suffix = "_bwd" if a.backward else ""
+                for rung in rungs:
+                    r, p, s, lo, hi = summarize(times[rung], times["peer"])
+                    row = {"gpu": gpu, "rung": rung + suffix, "peer": "torch_cudnn" + suffix, "dtype": "bf16", "B": B,
+                           "H": H, "N": n, "d": d, "causal": causal, "rounds": a.rounds, "rung_ms": f"{r:.4f}",
+                           "peer_ms": f"{p:.4f}", "speedup": f"{s:.3f}", "speedup_min": f"{lo:.3f}",
+                           "speedup_max": f"{hi:.3f}", "o_diff": f"{diffs[rung]:.2e}", "git_sha": sha}
+                    if writer:
+                        writer.writerow(row)
+                        out.flush()
+                    clocks = f"  SM MHz {mhz[rung]} / {mhz['peer']}" if mhz["peer"] is not None else ""
+                    print(f"{rung:>18} {d:>4} {n:>6} {causal:>6} {r:>9.3f} {p:>9.3f} {s:>8.3f} {lo:>6.3f}-{hi:.3f}{clocks}",
+                          flush=True)
+            del q, k, v, dout
             torch.cuda.empty_cache()
     if writer:
         out.close()
