@@ -188,5 +188,64 @@ void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t
 using step06m::bwd_order;
 using step06m::cta_order;
 }
+// 06n with the grid's last, partial wave split into pieces (06o_bwd_tail_pieces.cuh). The
+// same steps; the grid and the workspace grow by the tail's pieces and their dK, dV sums.
+namespace step06o {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+using step06m::bwd_order;
+using step06m::cta_order;
+
+// What a CTA costs beyond its steps, in steps: loading K_j, V_j, the epilogue and the gap to
+// the next CTA, 5.7k cycles of a 130k-cycle CTA of 32 steps at d = 128, N = 2k
+// (results/nvidia_h200/tile_timeline.txt, 06l), about 1.5 steps; 2 with a piece's adds.
+constexpr int kPieceCostSteps = 2;
+constexpr int kMaxPieces = 32;
+
+struct TailPlan {
+  long long full_ctas;   // CTAs of whole tiles, the grid's first
+  int pieces;            // CTAs per tile of the tail (1: no tail, 06n's grid)
+  long long tail_tiles;  // tiles split into pieces
+};
+
+// `tiles` tiles of `steps` steps each on `sms` SMs (one CTA each). Without the mask the last
+// tiles % sms tiles form a partial wave; with p pieces a tile they take ceil(tail p / sms)
+// rounds of ceil(steps / p) + kPieceCostSteps steps. The p with the fewest, if it beats one
+// round of the whole tiles. With the mask, steps differ by tile (06m's order ends on the
+// shortest): no pieces.
+constexpr TailPlan tail_plan(long long tiles, int steps, int sms, bool causal) {
+  TailPlan plan{tiles, 1, 0};
+  if (causal || sms < 1 || steps < 2 || tiles % sms == 0) return plan;
+  const long long tail = tiles % sms;
+  long long best = steps + kPieceCostSteps;
+  for (int p = 2; p <= steps && p <= kMaxPieces; ++p) {
+    const long long rounds = (tail * p + sms - 1) / sms;
+    const long long cost = rounds * ((steps + p - 1) / p + kPieceCostSteps);
+    if (cost < best) best = cost, plan.pieces = p;
+  }
+  if (plan.pieces > 1) plan.full_ctas = tiles - tail, plan.tail_tiles = tail;
+  return plan;
+}
+
+// Steps of a tile without the mask: every (query head of the group, Q block).
+inline int tail_steps(const AttnProblem& p) {
+  const int rows = step06k::rows_per_step(p.d);
+  return p.group() * int((int64_t(p.Nq) + rows - 1) / rows);
+}
+
+// The tail's dK, dV sums: [tail tiles][2][B_c = 128][d] fp32.
+inline size_t tail_workspace_bytes(const TailPlan& plan, int d) {
+  return size_t(plan.tail_tiles) * 2 * step06e::kBwdKeysPerCta * size_t(d) * sizeof(float);
+}
+
+// SMs of the current device (host only).
+inline int device_sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  return sms;
+}
+}
 
 }  // namespace attn::fa3

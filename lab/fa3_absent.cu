@@ -215,6 +215,19 @@ void keep_06n(std::integer_sequence<int, Ds...>) {
 template void keep_06n(BwdHeadDims);
 #endif
 
+// 06o's backward, likewise.
+#ifndef LAB_BUILT_06o_bwd_tail_pieces
+namespace step06o {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06o_bwd_tail_pieces"); }
+}  // namespace step06o
+template <int... Ds>
+void keep_06o(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06o::launch_backward<Ds, __nv_bfloat16>), keep(&step06o::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06o(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

@@ -1145,6 +1145,55 @@ def bwd_smem_bytes(d, k_in_registers):
     }
 
 
+def tail_plan(tiles, steps, sms, causal=False):
+    """fa3_launch.h's step06o::tail_plan on the constants parsed from it: (full CTAs, pieces, tail tiles)."""
+    src = "06_fa3_hopper/fa3_launch.h"
+    (cost,) = parse(src, r"kPieceCostSteps = (\d+);")
+    (most,) = parse(src, r"kMaxPieces = (\d+);")
+    if causal or sms < 1 or steps < 2 or tiles % sms == 0:
+        return tiles, 1, 0
+    tail = tiles % sms
+    best, pieces = steps + cost, 1
+    for p in range(2, min(steps, most) + 1):
+        c = -(-tail * p // sms) * (-(-steps // p) + cost)
+        if c < best:
+            best, pieces = c, p
+    return (tiles - tail, pieces, tail) if pieces > 1 else (tiles, 1, 0)
+
+
+@figure("06_fa3_hopper/figures/06o_tail_pieces.png")
+def fig_06o(path):
+    """SMs busy over the end of the backward's grid at the papers' shapes (d = 128 and 64, N = 2k,
+    no mask), 06n's whole tiles against 06o's pieces, as a greedy list schedule in units of
+    steps with kPieceCostSteps per CTA (the hardware starts CTAs in order on the first free SM)."""
+    (cost,) = parse("06_fa3_hopper/fa3_launch.h", r"kPieceCostSteps = (\d+);")
+    rows64, rows128 = parse("06_fa3_hopper/fa3_launch.h", r"rows_per_step\(int d\) \{ return d == 64 \? (\d+) : (\d+);")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.9))
+    for ax, d, rows in ((axes[0], 128, rows128), (axes[1], 64, rows64)):
+        B, H, N = 16384 // 2048, 2048 // d, 2048
+        tiles, steps = (N // 128) * B * H, N // rows
+        full, pieces, tail = tail_plan(tiles, steps, H200_SMS)
+        whole = [steps + cost] * tiles
+        split = [steps + cost] * full + [len(range(k * steps // pieces, (k + 1) * steps // pieces)) + cost
+                                           for _ in range(tail) for k in range(pieces)]
+        for costs, color, label in ((whole, C_WAIT, "06n: whole tiles"), (split, C_GEMM, f"06o: {tail} tiles x {pieces} pieces")):
+            placed, span = lpt_schedule(costs, range(len(costs)), H200_SMS)
+            t = np.linspace(span - 3 * (steps + cost), span, 600)
+            busy = [sum(1 for s, start, c, u in placed if start <= x < start + c) for x in t]
+            ax.step(t, busy, where="post", color=color if color != C_WAIT else "black", lw=1.6,
+                    label=f"{label}: ends at {span:.0f} steps")
+        ax.set_title(f"d = {d}, N = 2k: {tiles} tiles of {steps} steps on {H200_SMS} SMs", fontsize=10)
+        ax.set_xlabel(f"time (steps of one CTA; {cost} more per CTA)")
+        ax.set_ylabel("SMs running a CTA")
+        ax.set_ylim(0, H200_SMS * 1.08)
+        ax.legend(fontsize=8, loc="lower left")
+        ax.grid(alpha=0.3)
+    fig.suptitle("The last partial wave: 06n leaves SMs idle for a whole CTA; 06o splits its tiles into pieces of steps "
+                 "(tail_plan, fa3_launch.h)", fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/06n_smem_bytes.png")
 def fig_06n(path):
     """Shared-memory bytes per step of a backward CTA, 06m against 06n, against what shared

@@ -267,6 +267,8 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_EQ(find_stage("06m_bwd_heavy_first").backward_head_dims, (std::vector<int>{64, 128}));  // 06m
   EXPECT_EQ(find_stage("06n_bwd_k_in_registers").prev, "06m_bwd_heavy_first");
   EXPECT_EQ(find_stage("06n_bwd_k_in_registers").backward_head_dims, (std::vector<int>{64, 128}));  // 06n
+  EXPECT_EQ(find_stage("06o_bwd_tail_pieces").prev, "06n_bwd_k_in_registers");
+  EXPECT_EQ(find_stage("06o_bwd_tail_pieces").backward_head_dims, (std::vector<int>{64, 128}));  // 06o
   EXPECT_EQ(find_stage("06f_bwd_dq_reduce").backward_head_dims, (std::vector<int>{64, 128}));  // 06f
   EXPECT_EQ(find_stage("06g_bwd_one_dq_add").backward_head_dims, (std::vector<int>{64, 128}));  // 06g
   EXPECT_FALSE(find_stage("06d_one_tile_per_cta").has_backward());
@@ -329,6 +331,41 @@ TEST(BackwardOrder, SectionsHoldQdOAndDqAccInAThirdOfL2) {
   EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).heads_per_section, 1);
   p.Nq = 2048, p.Hkv = 16, p.causal = false;  // every CTA walks as far: 06l's order
   EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).heads_per_section, 1);
+}
+
+// 06o's tail (fa3_launch.h: tail_plan): the papers' shapes on 132 SMs and the cases without
+// pieces. d = 128, N = 2k: 2048 tiles of 32 steps, 68 in the last wave; in 3 pieces they take
+// 2 rounds of 11 + 2 steps (26) against one of 32 + 2; 5 pieces take 3 rounds of 9 (27).
+// d = 64: 4096 tiles of 16 steps, 4 in the last wave; 16 pieces of one step fit one round.
+TEST(BackwardTail, PiecesShortenThePartialWave) {
+  using fa3::step06o::tail_plan;
+  auto cost = [](long long tail, int steps, int sms, int pieces) {
+    return (tail * pieces + sms - 1) / sms * ((steps + pieces - 1) / pieces + fa3::step06o::kPieceCostSteps);
+  };
+  const auto d128 = tail_plan(2048, 32, 132, false);
+  EXPECT_EQ(d128.full_ctas, 1980);
+  EXPECT_EQ(d128.tail_tiles, 68);
+  EXPECT_EQ(d128.pieces, 3);
+  for (int p = 1; p <= 32; ++p) EXPECT_LE(cost(68, 32, 132, d128.pieces), cost(68, 32, 132, p)) << p << " pieces";
+  const auto d64 = tail_plan(4096, 16, 132, false);
+  EXPECT_EQ(d64.full_ctas, 4092);
+  EXPECT_EQ(d64.tail_tiles, 4);
+  EXPECT_EQ(d64.pieces, 16);
+  // Fewer tiles than SMs: all of them are the tail, every piece in one round.
+  const auto small = tail_plan(3, 5, 132, false);
+  EXPECT_EQ(small.full_ctas, 0);
+  EXPECT_EQ(small.tail_tiles, 3);
+  EXPECT_EQ(small.pieces, 5);
+  // No pieces: with the mask, whole waves, one step a tile, no SM count (a failed query).
+  for (const auto& plan : {tail_plan(2048, 32, 132, true), tail_plan(264, 32, 132, false), tail_plan(2048, 1, 132, false),
+                           tail_plan(2048, 32, 0, false)}) {
+    EXPECT_EQ(plan.pieces, 1);
+    EXPECT_EQ(plan.tail_tiles, 0);
+  }
+  // Every piece has a step: at most `steps` pieces, and the grid stays within int.
+  const auto many = tail_plan(7, 40, 132, false);
+  EXPECT_LE(many.pieces, std::min(40, fa3::step06o::kMaxPieces));
+  EXPECT_GT(many.pieces, 1);
 }
 
 }  // namespace
