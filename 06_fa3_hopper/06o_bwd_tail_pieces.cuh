@@ -607,9 +607,9 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   // The tail's pieces (tail_plan, fa3_launch.h), their dK, dV sums after 05's workspace.
   const int T_c = (pr.Nk + Cfg::B_c - 1) / Cfg::B_c;
   const TailPlan plan = tail_plan(int64_t(T_c) * pr.B * pr.Hkv, tail_steps(pr), device_sm_count(), pr.causal);
-  float* dkv_tail = ws + fa2::bwd_workspace_bytes(pr) / sizeof(float);
-  if (plan.tail_tiles > 0)
-    CUDA_CHECK(cudaMemsetAsync(dkv_tail, 0, tail_workspace_bytes(plan, D), stream));
+  const uintptr_t after = reinterpret_cast<uintptr_t>(t.workspace) + fa2::bwd_workspace_bytes(pr);
+  float* dkv_tail = reinterpret_cast<float*>((after + kTailAlign - 1) / kTailAlign * kTailAlign);
+  if (plan.tail_tiles > 0) CUDA_CHECK(cudaMemsetAsync(dkv_tail, 0, tail_sums_bytes(plan, D), stream));
   const int64_t rows = pr.lse_elems();
   constexpr int kMaxBlocks = 8192, kRowsPerBlock = fa2::kPrepassThreads / fa2::kPrepassLanes<D>;
   const int64_t prepass_blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);
