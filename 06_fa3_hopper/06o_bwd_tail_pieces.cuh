@@ -6,8 +6,9 @@
 // steps [k n / pieces, (k + 1) n / pieces) of the tile's n: the tail then takes
 // ceil(tail · pieces / S) rounds of n / pieces steps (tail_plan picks the count, with what a
 // CTA costs beyond its steps). A piece holds a part of dK_j and dV_j, so it adds them to an
-// fp32 workspace (red.global.add, zeroed before the kernel) and a small kernel converts the
-// tail's rows afterwards; dQ_i is added by every step as before. With the mask 06m's order
+// fp32 workspace (staged in the freed ring, one bulk reduction per warpgroup and matrix, as
+// dQ_i's; zeroed before the kernel) and a small kernel converts the tail's rows afterwards;
+// dQ_i is added by every step as before. With the mask 06m's order
 // already ends on the shortest CTAs: one piece, 06n's grid. Nothing else changes.
 //
 // 06n's outline, the pieces added:
@@ -376,18 +377,18 @@ __device__ void stage_dkv(T* tile, const float (&X)[D / 2], float scale) {
     }
 }
 
-// A piece's part of dK_j (× scale) or dV_j, this warpgroup's 64 keys, added to its tile's rows
-// of the workspace ([B_c][d], row-major): one 8-byte red.global.add per (i, slot).
+// A piece's part of dK_j (× scale) or dV_j, this warpgroup's 64 keys, into `buf` in dQ_acc's
+// 8 x 8 blocks (as store_dq: a warp's stores of one (i, slot) are 256 consecutive bytes), the
+// layout of the tail's sums, so that one bulk reduction adds the 64 rows.
 template <class Cfg, int D>
-__device__ void add_dkv(float* tile, const float (&X)[D / 2], float scale, int wg) {
+__device__ void stage_sums(float* buf, const float (&X)[D / 2], float scale) {
   const Fragment f;
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot)
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      float2* at = reinterpret_cast<float2*>(tile + (wg * Cfg::kWgKeys + f.row[slot]) * D + 8 * i + f.col_base);
-      atomicAdd(at, make_float2(scale * X[4 * i + 2 * slot], scale * X[4 * i + 2 * slot + 1]));
-    }
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<float2*>(buf + fa2::dq_acc_offset<D>(f.row[slot], 8 * i + f.col_base)) =
+          make_float2(scale * X[4 * i + 2 * slot], scale * X[4 * i + 2 * slot + 1]);
 }
 
 // Named barriers of both consumer warpgroups (256 threads), each synced once per step.
@@ -513,11 +514,32 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     mbarrier_arrive(&s.empty[stage]);
   }
   bwd_timeline_mark(BwdMark::steps_done);
-  if (w.tail >= 0) {  // a piece: its sums into the tail's workspace, converted after the kernel
-    float* tile = p.dkv_tail + int64_t(w.tail) * 2 * Cfg::B_c * D;
-    add_dkv<Cfg, D>(tile, dK, p.scale, wg);
-    add_dkv<Cfg, D>(tile + Cfg::B_c * D, dV, 1.f, wg);
-    if (issuer) bulk_wait_group<0>();  // the dQ adds are done before the CTA's shared memory goes
+  if (w.tail >= 0) {  // a piece: its sums added to the tail's workspace, converted after the kernel
+    // The ring is free (as below); this warpgroup's half of it (32 KiB) holds its 64 rows of
+    // dK_j, then of dV_j, in fp32, each added by one bulk reduction of the leading thread.
+    named_barrier_sync(kRingFree, 2 * Cfg::kWgThreads);
+    float* buf = reinterpret_cast<float*>(wg == 0 ? s.q[0] : s.dout[0]);
+    float* rows = p.dkv_tail + (int64_t(w.tail) * 2 * Cfg::B_c + wg * Cfg::kWgKeys) * D;  // of dK's sums
+    const bool lead = threadIdx.x % Cfg::kWgThreads == 0;
+    constexpr uint32_t kBytes = Cfg::kWgKeys * D * sizeof(float);
+    static_assert(kBytes <= sizeof(s.q), "a warpgroup's fp32 rows fit its half of the ring");
+    stage_sums<Cfg, D>(buf, dK, p.scale);
+    fence_proxy_async_shared();
+    named_barrier_sync(kDkvStaged + wg, Cfg::kWgThreads);
+    if (lead) {
+      bulk_reduce_add_f32(rows, buf, kBytes);
+      bulk_commit_group();
+      bulk_wait_group_read<0>();  // buf may be overwritten
+    }
+    named_barrier_sync(kDkvStaged + wg, Cfg::kWgThreads);
+    stage_sums<Cfg, D>(buf, dV, 1.f);
+    fence_proxy_async_shared();
+    named_barrier_sync(kDkvStaged + wg, Cfg::kWgThreads);
+    if (lead) {
+      bulk_reduce_add_f32(rows + Cfg::B_c * D, buf, kBytes);
+      bulk_commit_group();
+      bulk_wait_group<0>();  // this piece's sums and (the issuer) the dQ adds are done
+    }
     return;
   }
   // line 17: dK_j (× scale), dV_j through the ring's stages (every stage was consumed and each
@@ -569,8 +591,8 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
   }
 }
 
-// The tail's dK, dV (fp32 sums of its pieces, × scale already) -> T, rows past Nk left
-// alone: one block per tile of the tail, 16-byte stores of 8 columns.
+// The tail's dK, dV (fp32 sums of its pieces in dQ_acc's 8 x 8 blocks, × scale already) -> T,
+// rows past Nk left alone: one block per tile of the tail, 16-byte stores of 8 columns.
 template <int D, typename T>
 __global__ void convert_tail_dkv(const float* dkv_tail, T* dk, T* dv, TileOrder order, int full_ctas, int Nk) {
   constexpr int B_c = step06e::kBwdKeysPerCta;
@@ -580,7 +602,8 @@ __global__ void convert_tail_dkv(const float* dkv_tail, T* dk, T* dv, TileOrder 
   for (int e = int(threadIdx.x); e < 2 * B_c * D / 8; e += int(blockDim.x)) {
     const int which = e / (B_c * D / 8), r = e / (D / 8) % B_c, col = e % (D / 8) * 8;
     if (key0 + r >= Nk) continue;
-    const float4* src = reinterpret_cast<const float4*>(dkv_tail + ((int64_t(tail) * 2 + which) * B_c + r) * D + col);
+    const float4* src = reinterpret_cast<const float4*>(dkv_tail + (int64_t(tail) * 2 + which) * B_c * D +
+                                                        fa2::dq_acc_offset<D>(r, col));
     const float4 a = src[0], b = src[1];
     const uint4 packed{pack2<T>(a.x, a.y), pack2<T>(a.z, a.w), pack2<T>(b.x, b.y), pack2<T>(b.z, b.w)};
     T* out = which == 0 ? dk : dv;

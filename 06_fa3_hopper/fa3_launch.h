@@ -233,9 +233,10 @@ inline int tail_steps(const AttnProblem& p) {
   return p.group() * int((int64_t(p.Nq) + rows - 1) / rows);
 }
 
-// The tail's dK, dV sums: [tail tiles][2][B_c = 128][d] fp32, at the first 16-byte boundary
-// after 05's workspace (whose lse-sized part may end on any 4 bytes): the pieces add 8 bytes
-// at a time and the conversion reads 16. tail_sums_bytes: the sums; tail_workspace_bytes: with
+// The tail's dK, dV sums: [tail tiles][2][B_c = 128][d] fp32 (rows in dQ_acc's 8 x 8 blocks,
+// fa2_backward.h: dq_acc_offset), at the first 16-byte boundary
+// after 05's workspace (whose lse-sized part may end on any 4 bytes): the bulk reductions and
+// the conversion's loads need 16. tail_sums_bytes: the sums; tail_workspace_bytes: with
 // the room to align them.
 constexpr size_t kTailAlign = 16;
 inline size_t tail_sums_bytes(const TailPlan& plan, int d) {
