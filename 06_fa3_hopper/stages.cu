@@ -127,7 +127,7 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps,
                      l_tma_store, l_deterministic, m_heavy_first, n_k_in_registers, o_tail_pieces };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
-constexpr BwdStep kBackwardOf06d = BwdStep::n_k_in_registers;
+constexpr BwdStep kBackwardOf06d = BwdStep::o_tail_pieces;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});

@@ -52,7 +52,7 @@ from . import ring_math
 from .ring_math import zigzag_chunks
 
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float64: 3}
-FORWARD_RUNG = "06d_fa3"  # forward with lse and backward (06n's kernel) on sm_90; FALLBACK_RUNG elsewhere
+FORWARD_RUNG = "06d_fa3"  # forward with lse and backward (06o's kernel) on sm_90; FALLBACK_RUNG elsewhere
 FALLBACK_RUNG = "05_fa2_reordered"
 
 
@@ -102,8 +102,8 @@ def zigzag_gather(x, group=None, dim=2):
 class LadderBlocks:
     """One block of the ring on the ladder's kernels. forward_rung (default: 06d_fa3, or
     05_fa2_reordered where 06d cannot run: no sm_90, or a head dim it lacks) with lse;
-    backward_rung's backward op (default: 06d_fa3's, 06j_bwd_issue_order.cuh, where it has one for
-    this head dim on sm_90; else 05_fa2_reordered's). Either may be named explicitly (any
+    backward_rung's backward op (default: 06d_fa3's, the last backward step's kernel, where it
+    has one for this head dim on sm_90; else 05_fa2_reordered's). Either may be named explicitly (any
     rung with a backward for the backward: has_backward)."""
 
     def __init__(self, forward_rung=None, backward_rung=None):
