@@ -1,7 +1,7 @@
 """pytest: scripts/vs_cudnn.py, a rung against SDPA's cuDNN backend timed in turns.
 
 summarize's arithmetic (ratio of the medians, a single round's extremes, mismatched rounds
-refused), then one short run on the GPU: a row per problem whose speedup is its two medians'
+refused), then short runs on the GPU: a row per problem whose speedup is its two medians'
 ratio and whose O agrees with cuDNN's, and a clear exit on a head dim the rung refuses. Skips
 (with the reason) without torch, a Hopper GPU, cuDNN's SDPA backend or the built library.
 """
@@ -47,3 +47,26 @@ def test_short_run_writes_consistent_rows(tmp_path):
         assert float(r["o_diff"]) <= vs_cudnn.O_DIFF_BOUND
     with pytest.raises(SystemExit, match="refuses d=96"):  # a head dim 06d does not build: a clear exit
         vs_cudnn.main(["--d", "96", "--n", "512", "--causal", "0", "--rounds", "1"])
+
+
+def test_backward_in_turns_appends_rows(tmp_path):
+    """--backward with two rungs: a row per rung against cuDNN's backward, gradients within the
+    bound of cuDNN's; --append adds them under the forward's header, written once."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("06d_fa3 needs a Hopper GPU visible to torch")
+    if not vs_cudnn.attn_ladder.library_path().is_file():
+        pytest.skip(f"libattn_ladder.so not built ({vs_cudnn.attn_ladder.library_path()})")
+    if not torch.backends.cudnn.is_available():
+        pytest.skip("cuDNN is not available to torch")
+    out = tmp_path / "vs.csv"
+    short = ["--d", "64", "--n", "512", "--causal", "0", "--rounds", "2", "--repeats", "3", "--csv", str(out)]
+    assert vs_cudnn.main(short) == 0
+    assert vs_cudnn.main(short + ["--backward", "--rung", "06d_fa3,05_fa2_reordered", "--append"]) == 0
+    assert sum(1 for line in open(out) if line.startswith("gpu,")) == 1
+    rows = list(csv.DictReader(open(out)))
+    assert [(r["rung"], r["peer"]) for r in rows] == [("06d_fa3", "torch_cudnn"), ("06d_fa3_bwd", "torch_cudnn_bwd"),
+                                                      ("05_fa2_reordered_bwd", "torch_cudnn_bwd")]
+    for r in rows[1:]:
+        assert float(r["speedup"]) == pytest.approx(float(r["peer_ms"]) / float(r["rung_ms"]), rel=2e-3)
+        assert float(r["o_diff"]) <= vs_cudnn.O_DIFF_BOUND
+    assert rows[1]["peer_ms"] == rows[2]["peer_ms"]  # one cuDNN timing per problem, shared by the rungs
