@@ -28,13 +28,17 @@ def test_summarize_ratio_of_medians_and_round_extremes():
         vs_cudnn.summarize([], [])
 
 
-def test_short_run_writes_consistent_rows(tmp_path):
+def skip_without_hopper_and_cudnn():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("06d_fa3 needs a Hopper GPU visible to torch")
     if not vs_cudnn.attn_ladder.library_path().is_file():
         pytest.skip(f"libattn_ladder.so not built ({vs_cudnn.attn_ladder.library_path()})")
     if not torch.backends.cudnn.is_available():
         pytest.skip("cuDNN is not available to torch")
+
+
+def test_short_run_writes_consistent_rows(tmp_path):
+    skip_without_hopper_and_cudnn()
     out = tmp_path / "vs.csv"
     assert vs_cudnn.main(["--d", "64", "--n", "512", "--causal", "both", "--rounds", "2", "--repeats", "3",
                           "--csv", str(out)]) == 0
@@ -52,12 +56,7 @@ def test_short_run_writes_consistent_rows(tmp_path):
 def test_backward_in_turns_appends_rows(tmp_path):
     """--backward with two rungs: a row per rung against cuDNN's backward, gradients within the
     bound of cuDNN's; --append adds them under the forward's header, written once."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("06d_fa3 needs a Hopper GPU visible to torch")
-    if not vs_cudnn.attn_ladder.library_path().is_file():
-        pytest.skip(f"libattn_ladder.so not built ({vs_cudnn.attn_ladder.library_path()})")
-    if not torch.backends.cudnn.is_available():
-        pytest.skip("cuDNN is not available to torch")
+    skip_without_hopper_and_cudnn()
     out = tmp_path / "vs.csv"
     short = ["--d", "64", "--n", "512", "--causal", "0", "--rounds", "2", "--repeats", "3", "--csv", str(out)]
     assert vs_cudnn.main(short) == 0
