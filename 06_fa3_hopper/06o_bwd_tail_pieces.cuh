@@ -8,8 +8,8 @@
 // CTA costs beyond its steps). A piece holds a part of dK_j and dV_j, so it adds them to an
 // fp32 workspace (staged in the freed ring, one bulk reduction per warpgroup and matrix, as
 // dQ_i's; zeroed before the kernel) and a small kernel converts the tail's rows afterwards;
-// dQ_i is added by every step as before. With the mask 06m's order
-// already ends on the shortest CTAs: one piece, 06n's grid. Nothing else changes.
+// dQ_i is added by every step as before. With the mask 06m's order already ends on the
+// shortest CTAs: one piece, 06n's grid. Nothing else changes.
 //
 // 06n's outline, the pieces added:
 //
@@ -20,7 +20,7 @@
 //     for each step of the CTA's range (all of the tile's, or the piece's):
 //       ... 06k's step, Sᵀ from registers at d = 64 ...
 //     a whole tile: dK_j (× scale), dV_j -> the ring's stages, swizzled; TMA store
-//     a piece: dK_j (× scale), dV_j added to the tile's rows of the workspace
+//     a piece: dK_j (× scale), dV_j -> the ring's stages in fp32; bulk-added to the workspace
 //   post-pass: dQ = scale · dQ_acc; the tail's dK, dV -> T
 //
 // Included only by the generated instance files (06n_bwd_k_in_registers.cu.in).
