@@ -1194,6 +1194,42 @@ def fig_06o(path):
     save(fig, path)
 
 
+@figure("06_fa3_hopper/figures/bwd_vs_cudnn_turns.png")
+def fig_bwd_vs_cudnn(path):
+    """The backward passes against cuDNN's, timed in turns in one process (scripts/vs_cudnn.py
+    --backward; results/nvidia_h200/vs_cudnn.csv): median speedup by N, the rounds' range as a band."""
+    with open(REPO / "results/nvidia_h200/vs_cudnn.csv", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["rung"].endswith("_bwd")]
+    styles = {"06o_bwd_tail_pieces_bwd": (C_GEMM, "-", "06o (06d_fa3's backward)"),
+              "06n_bwd_k_in_registers_bwd": (C_SOFT, "--", "06n"),
+              "05_fa2_reordered_bwd": (C_LOAD, ":", "05 (FlashAttention-2's)")}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, d in zip(axes, (64, 128)):
+        for rung, (color, ls, label) in styles.items():
+            for causal in (0, 1):
+                pts = sorted((int(r["N"]), float(r["speedup"]), float(r["speedup_min"]), float(r["speedup_max"]))
+                             for r in rows if r["rung"] == rung and int(r["d"]) == d and int(r["causal"]) == causal)
+                if not pts:
+                    continue
+                n, med, lo, hi = (np.array(v) for v in zip(*pts))
+                ax.plot(n, med, color=color, ls=ls, marker="o" if causal == 0 else "s", ms=4,
+                        label=f"{label}{', causal' if causal else ''}")
+                ax.fill_between(n, lo, hi, color=color, alpha=0.12)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1024, 2048, 4096, 8192, 16384], ["1k", "2k", "4k", "8k", "16k"])
+        ax.set_xlabel("N (B·N = 16384)")
+        ax.set_title(f"d = {d}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("speedup over cuDNN's backward (> 1: faster)")
+    axes[1].legend(fontsize=7.5, loc="lower right")
+    shas = ", ".join(sorted({r["git_sha"] for r in rows}))
+    fig.suptitle("Backward passes against SDPA's cuDNN, timed in turns in one process (median of the rounds; "
+                 f"band: lowest to highest round); NVIDIA H200, commits {shas}", fontsize=9.5)
+    fig.tight_layout()
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/06n_smem_bytes.png")
 def fig_06n(path):
     """Shared-memory bytes per step of a backward CTA, 06m against 06n, against what shared
