@@ -628,8 +628,7 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   f.D = ws + fa2::dq_acc_elems(pr);
   f.Nq = pr.Nq;
   // The tail's pieces (tail_plan, fa3_launch.h), their dK, dV sums after 05's workspace.
-  const int T_c = (pr.Nk + Cfg::B_c - 1) / Cfg::B_c;
-  const TailPlan plan = tail_plan(int64_t(T_c) * pr.B * pr.Hkv, tail_steps(pr), device_sm_count(), pr.causal);
+  const TailPlan plan = tail_plan_for(pr);
   const uintptr_t after = reinterpret_cast<uintptr_t>(t.workspace) + fa2::bwd_workspace_bytes(pr);
   float* dkv_tail = reinterpret_cast<float*>((after + kTailAlign - 1) / kTailAlign * kTailAlign);
   if (plan.tail_tiles > 0) CUDA_CHECK(cudaMemsetAsync(dkv_tail, 0, tail_sums_bytes(plan, D), stream));
@@ -656,7 +655,7 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   p.group = pr.group();
   p.Nq = pr.Nq;
   p.Nk = pr.Nk;
-  p.T_c = T_c;
+  p.T_c = (pr.Nk + Cfg::B_c - 1) / Cfg::B_c;
   p.dkv_tail = dkv_tail;
   p.full_ctas = int(plan.full_ctas);
   p.pieces = plan.pieces;

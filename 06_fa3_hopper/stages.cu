@@ -141,9 +141,7 @@ void add_backward_06(Stage& s) {
   s.backward_workspace_bytes = [](const AttnProblem& p) {
     size_t extra = kStep == BwdStep::l_deterministic ? fa3::step06l::dq_turn_bytes(p) : 0;
     if constexpr (kStep == BwdStep::o_tail_pieces) {  // the tail's dK, dV sums (the launch's plan)
-      const int64_t tiles = fa2::bwd_ctas(p, fa3::step06e::kBwdKeysPerCta);
-      const auto plan = fa3::step06o::tail_plan(tiles, fa3::step06o::tail_steps(p), fa3::step06o::device_sm_count(), p.causal);
-      extra = fa3::step06o::tail_workspace_bytes(plan, p.d);
+      extra = fa3::step06o::tail_workspace_bytes(fa3::step06o::tail_plan_for(p), p.d);
     }
     return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics) + extra;
   };
