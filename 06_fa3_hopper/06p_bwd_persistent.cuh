@@ -5,13 +5,15 @@
 // launches one CTA per SM (as 06d's forward) that walks units of work (a whole tile or a piece)
 // one after the other: once the consumers are past a unit's steps its producer loads the next
 // unit's K_j, V_j under their epilogue, and the ring's first stages follow as soon as the
-// epilogue's stores have read it. Units are handed out as 06d's forward does (next_unit): fixed
-// rounds without the mask, where units cost the same; from a counter with it, the heaviest
-// first (06m's order), so that an SM that finishes early takes the next. Nothing else changes.
+// epilogue's stores have read it. Units are handed out from a counter (next_unit, as 06d's
+// forward does with the mask): the first round by CTA index, then each unit to the CTA that
+// asks first, so an SM that finishes early takes the next, with the mask (06m's order, the
+// heaviest first) and without it (SMs walk equal units at slightly different speeds). Nothing
+// else changes.
 //
 // 06o's outline, the persistent loop added:
 //
-//   pre-pass: D = rowsum(dO ∘ O), dQ_acc = 0; the tail's dK, dV workspace or the unit counter = 0
+//   pre-pass: D = rowsum(dO ∘ O), dQ_acc = 0; the unit counter and the tail's dK, dV sums = 0
 //   one CTA per SM; for each unit it takes (next_unit): a tile of K/V block j of B_c = 128 keys,
 //   (batch, KV head), handed out heaviest first (cta_order), or a piece of a tail tile;
 //   2 consumer warpgroups of 64 keys:
@@ -88,7 +90,7 @@ struct BwdParams {
   int full_ctas;     // units of whole tiles; then `pieces` units per tile of the tail
   int pieces;
   int n_units;       // full_ctas + tail tiles x pieces
-  int* unit_counter; // with the mask: units past the first round, handed out in turn (next_unit)
+  int* unit_counter; // units past the first round, handed out in turn (next_unit)
   int H, Hkv, group, Nq, Nk, T_c;
   TileOrder order;   // the grid's hand-out (fa3_launch.h: cta_order, bwd_order)
   bool causal;
@@ -661,14 +663,13 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   f.dq_acc = ws;
   f.D = ws + fa2::dq_acc_elems(pr);
   f.Nq = pr.Nq;
-  // The tail's pieces (tail_plan, fa3_launch.h), their dK, dV sums after 05's workspace; with
-  // the mask (no pieces) the unit counter there instead (workspace_bytes).
+  // After 05's workspace: the unit counter, then the tail's dK, dV sums (tail_plan,
+  // fa3_launch.h), both zeroed by one memset (workspace_bytes).
   const TailPlan plan = tail_plan_for(pr);
   const uintptr_t after = reinterpret_cast<uintptr_t>(t.workspace) + fa2::bwd_workspace_bytes(pr);
-  float* dkv_tail = reinterpret_cast<float*>((after + kTailAlign - 1) / kTailAlign * kTailAlign);
-  if (plan.tail_tiles > 0) CUDA_CHECK(cudaMemsetAsync(dkv_tail, 0, tail_sums_bytes(plan, D), stream));
-  int* unit_counter = pr.causal ? reinterpret_cast<int*>(dkv_tail) : nullptr;
-  if (unit_counter) CUDA_CHECK(cudaMemsetAsync(unit_counter, 0, sizeof(int), stream));
+  int* unit_counter = reinterpret_cast<int*>((after + kTailAlign - 1) / kTailAlign * kTailAlign);
+  float* dkv_tail = reinterpret_cast<float*>(reinterpret_cast<char*>(unit_counter) + kCounterBytes);
+  CUDA_CHECK(cudaMemsetAsync(unit_counter, 0, kCounterBytes + tail_sums_bytes(plan, D), stream));
   const int64_t rows = pr.lse_elems();
   constexpr int kMaxBlocks = 8192, kRowsPerBlock = fa2::kPrepassThreads / fa2::kPrepassLanes<D>;
   const int64_t prepass_blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);

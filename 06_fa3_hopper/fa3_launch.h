@@ -259,8 +259,8 @@ inline TailPlan tail_plan_for(const AttnProblem& p) {
 }
 }
 // 06o with persistent CTAs, one per SM, walking 06o's units (06p_bwd_persistent.cuh). The same
-// grid order and tail plan; with the mask (no pieces) the workspace holds the unit counter
-// where 06o's tail sums would be.
+// grid order and tail plan; the workspace holds the unit counter before 06o's tail sums
+// (kCounterBytes, so that the sums stay 16-byte aligned).
 namespace step06p {
 template <int D, typename T>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
@@ -270,8 +270,9 @@ using step06o::TailPlan;
 using step06o::kTailAlign;
 using step06o::tail_plan_for;
 using step06o::tail_sums_bytes;
+constexpr size_t kCounterBytes = 16;
 inline size_t workspace_bytes(const AttnProblem& p) {
-  return p.causal ? kTailAlign + sizeof(int) : step06o::tail_workspace_bytes(tail_plan_for(p), p.d);
+  return kTailAlign + kCounterBytes + tail_sums_bytes(tail_plan_for(p), p.d);
 }
 }
 

@@ -238,7 +238,7 @@ TEST_F(Gpu, SanitizeBackwardShapes) {
 
 // 06p's persistent CTAs under compute-sanitizer: more units than SMs (132 on an H100 or
 // H200), so each CTA walks several and the ring, K/V and epilogue barriers wrap across units;
-// one or two steps a unit; the unit counter (mask) and the pieces (no mask).
+// one or two steps a unit; the unit counter, with the mask and without it (with pieces).
 TEST_F(Gpu, SanitizePersistentBackward) {
   for (bool causal : {true, false})
     for (int d : {64, 128}) {

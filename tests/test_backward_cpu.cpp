@@ -370,16 +370,18 @@ TEST(BackwardTail, PiecesShortenThePartialWave) {
   EXPECT_GT(many.pieces, 1);
 }
 
-// 06p's workspace past 05's: with the mask the unit counter (an int at the first 16-byte
-// boundary), where 06o's tail sums would be; without it 06o's sums (none where CUDA cannot
-// count SMs, as here without a GPU).
-TEST(BackwardPersistent, WorkspaceHoldsTheCounterOrTheSums) {
+// 06p's workspace past 05's: room to align, the unit counter, then 06o's tail sums (none
+// where CUDA cannot count SMs, as here without a GPU), which stay 16-byte aligned.
+TEST(BackwardPersistent, WorkspaceHoldsTheCounterAndTheSums) {
   AttnProblem p;
-  p.B = 8, p.H = 16, p.Hkv = 16, p.Nq = p.Nk = 2048, p.d = 128, p.causal = true;
-  EXPECT_GE(fa3::step06p::workspace_bytes(p), fa3::step06o::kTailAlign + sizeof(int));
-  EXPECT_EQ(fa3::step06o::tail_plan_for(p).tail_tiles, 0);  // never both: the counter is alone there
-  p.causal = false;
-  EXPECT_EQ(fa3::step06p::workspace_bytes(p), fa3::step06o::tail_workspace_bytes(fa3::step06o::tail_plan_for(p), p.d));
+  p.B = 8, p.H = 16, p.Hkv = 16, p.Nq = p.Nk = 2048, p.d = 128;
+  for (bool causal : {true, false}) {
+    p.causal = causal;
+    EXPECT_EQ(fa3::step06p::workspace_bytes(p),
+              fa3::step06o::kTailAlign + fa3::step06p::kCounterBytes +
+                  fa3::step06o::tail_sums_bytes(fa3::step06o::tail_plan_for(p), p.d));
+  }
+  static_assert(fa3::step06p::kCounterBytes % fa3::step06o::kTailAlign == 0, "the sums after the counter stay aligned");
 }
 
 }  // namespace
