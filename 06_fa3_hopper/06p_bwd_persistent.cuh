@@ -1,15 +1,17 @@
 // Rung 06p: 06o (06o_bwd_tail_pieces.cuh) with persistent CTAs. Every CTA of 06o pays, beyond
-// its steps, for loading K_j, V_j before its first step, for storing dK_j, dV_j after its last,
-// and for the gap until the SM starts the next CTA: about 4 % of a CTA of 32 steps at d = 128,
-// N = 2k (results/nvidia_h200/tile_timeline.txt, 06l), while the SM's tensor cores idle. 06p
-// launches one CTA per SM (as 06d's forward) that walks units of work (a whole tile or a piece)
-// one after the other: once the consumers are past a unit's steps its producer loads the next
-// unit's K_j, V_j under their epilogue, and the ring's first stages follow as soon as the
-// epilogue's stores have read it. Units are handed out from a counter (next_unit, as 06d's
-// forward does with the mask): the first round by CTA index, then each unit to the CTA that
-// asks first, so an SM that finishes early takes the next, with the mask (06m's order, the
-// heaviest first) and without it (SMs walk equal units at slightly different speeds). Nothing
-// else changes.
+// its steps, for loading K_j, V_j and the first Q_i, dO_i before its first step, for storing
+// dK_j, dV_j after its last, and for the gap until the SM starts the next CTA: about 4 % of a
+// CTA of 32 steps at d = 128, N = 2k (results/nvidia_h200/tile_timeline.txt, 06l), while the
+// SM's tensor cores idle. 06p launches one CTA per SM (as 06d's forward) that walks units of
+// work (a whole tile or a piece) one after the other, and overlaps one unit's end with the
+// next one's start: once the consumers are past a unit's steps the producer loads the next
+// unit's K_j, V_j and its first Q_i, dO_i (a third ring stage, which the epilogue leaves
+// alone) while the epilogue stages dK_j, dV_j in the other two, and the epilogue's TMA stores
+// read them under the next unit's first step. Units are handed out from a counter (next_unit,
+// as 06d's forward does with the mask): the first round by CTA index, then each unit to the
+// CTA that asks first, so an SM that finishes early takes the next, with the mask (06m's
+// order, the heaviest first) and without it (SMs walk equal units at slightly different
+// speeds). Nothing else changes.
 //
 // 06o's outline, the persistent loop added:
 //
@@ -18,8 +20,10 @@
 //   (batch, KV head), handed out heaviest first (cta_order), or a piece of a tail tile;
 //   2 consumer warpgroups of 64 keys:
 //     TMA: K_j, V_j -> shared memory, once the last unit's steps are done
-//     for each step of the unit's range: ... 06o's step ...
-//     06o's epilogue (a whole tile: TMA store; a piece: bulk adds), then the ring is free
+//     for each step of the unit's range (a ring of 3 stages): ... 06o's step ...
+//     a whole tile: dK_j, dV_j -> the 2 stages the next unit's first step leaves; TMA store,
+//                   waited for in the next unit's first step
+//     a piece: 06o's bulk adds, waited for before the next unit's loads
 //   post-pass: dQ = scale · dQ_acc; the tail's dK, dV -> T
 //
 // Included only by the generated instance files (06p_bwd_persistent.cu.in).
@@ -40,7 +44,9 @@ struct Config {
   // 128 rows at d = 64 (the warpgroups then split dQ_i by query halves, all columns each);
   // 64 at d = 128 (dQ_i split by column halves, as 06j). One rule with stages.cu's HBM model.
   static constexpr int B_r = step06k::rows_per_step(D);               // query rows per step
-  static constexpr int kStages = 2;                          // ring of Q_i, dO_i, L_i, D_i
+  // Ring of Q_i, dO_i, L_i, D_i: 06o's two stages and one more, so that the next unit's first
+  // step loads while a tile's epilogue stages dK_j, dV_j in the other two.
+  static constexpr int kStages = 3;
   static constexpr Swizzle kSwizzle = Swizzle::b128;
   static constexpr int kRowBytes = row_bytes(kSwizzle);              // 128
   static constexpr int kChunkCols = kRowBytes / int(sizeof(T));     // 64
@@ -58,7 +64,9 @@ struct Config {
   static constexpr int kDqN = kDsChunks == 2 ? D : D / 2;    // dQ_i's columns per warpgroup
   static_assert(B_r % kChunkCols == 0 && (kDsChunks == 1 || kDsChunks == kConsumers), "dSᵀ chunks");
   // dK_j, dV_j [B_c][d] in the ring's Q_i, dO_i stages once the steps are done
-  static_assert(B_c * D <= kStages * B_r * D, "dK_j and dV_j fit the ring's stages");
+  // dK_j, dV_j [B_c][d]: each chunk of 64 columns is one stage's Q_i (or dO_i) buffer, and the
+  // chunks fit the stages other than the next unit's first
+  static_assert(B_c * kChunkCols == B_r * D && kChunks <= kStages - 1, "a chunk of dK_j per stage");
   // K_j's rows as Sᵀ's A operand in registers: at d = 64 (128-row steps) only, see above
   static constexpr bool kKInRegisters = D == 64;
 };
@@ -74,7 +82,7 @@ struct alignas(1024) SharedStorage {
   float lse2[Cfg::kStages][Cfg::B_r];        // L_i log2(e); +inf past Nq or where L_i = -inf
   float dsum[Cfg::kStages][Cfg::B_r];        // D_i; 0 past Nq
   uint64_t kv_full, kv_empty;  // K_j, V_j (and `unit`) landed; the consumers are past the unit's steps
-  uint64_t ring_free;          // the unit's epilogue has read the ring's stages
+  uint64_t ring_free[2];       // unit u's epilogue has read the ring's stages: [u % 2]
   uint64_t full[Cfg::kStages], empty[Cfg::kStages];
   int unit;                    // the unit K_j, V_j belong to (n_units: no more), announced by kv_full
 };
@@ -139,7 +147,9 @@ struct Pos {
 // The producer, for each unit the CTA takes: K_j, V_j once the consumers are past the last
 // unit's steps (kv_empty), then each step's Q_i, dO_i (TMA, lane 0) and L_i, D_i (its 32
 // lanes, two rows each) into ring stage g mod kStages (g: the CTA's steps so far), once the
-// last unit's epilogue has read the ring (ring_free) and the consumers released the stage.
+// consumers released the stage. The last unit's epilogue stages its dK_j, dV_j in the ring:
+// a tile in the stages other than this unit's first, so step 0 loads under it and step 1
+// waits until its stores have read them (ring_free); a piece anywhere, so step 0 waits.
 // The stage's "full" barrier takes 32 arrivals (each lane's arrival releases its own stores
 // of L_i, D_i) and the TMA bytes. The unit goes to the consumers in shared memory, announced
 // by kv_full (lane 0's arrival releases the write); after the last, kv_full completes with no
@@ -149,6 +159,7 @@ template <class Cfg, class Smem, typename T>
 __device__ void produce(Smem& s, const BwdParams<T>& p) {
   const int lane = threadIdx.x % 32;
   int g = 0;
+  bool last_was_piece = false;
   for (int seq = 0;; ++seq) {
     // Asked for once the last unit's loads are all issued, while its last steps still run.
     const int unit = next_unit(p, seq);
@@ -166,9 +177,12 @@ __device__ void produce(Smem& s, const BwdParams<T>& p) {
         tma_load_3d(&s.v[c * Cfg::B_c * Cfg::kChunkCols], &p.v_map, c * Cfg::kChunkCols, w.key0, w.bh_kv, &s.kv_full);
       }
     }
-    if (seq > 0) mbarrier_wait(&s.ring_free, (seq - 1) & 1);
+    // The step before which the last unit's epilogue must have read the ring (none for the first).
+    const int free_at = seq == 0 ? -1 : last_was_piece ? 0 : 1;
+    auto wait_ring_free = [&] { mbarrier_wait(&s.ring_free[(seq - 1) % 2], ((seq - 1) / 2) & 1); };
     Pos at{w.first_bh(), w.first_block()};
     for (int n = 0; n < w.steps; ++n, ++g, at = at.next(w)) {
+      if (n == free_at) wait_ring_free();
       const int stage = g % Cfg::kStages;
       mbarrier_wait(&s.empty[stage], ((g / Cfg::kStages) & 1) ^ 1);  // first lap: passes at once
       const int row0 = at.block * Cfg::B_r;
@@ -192,6 +206,8 @@ __device__ void produce(Smem& s, const BwdParams<T>& p) {
         mbarrier_arrive(&s.full[stage]);
       }
     }
+    if (free_at >= w.steps) wait_ring_free();  // a unit of one step: before the next unit's loads
+    last_was_piece = w.tail >= 0;
   }
 }
 
@@ -376,19 +392,19 @@ __device__ void reduce_dq(const float* buf, const BwdParams<T>& p, int bh, int q
   bulk_commit_group();
 }
 
-// dK_j (× scale) or dV_j of this warpgroup's 64 keys -> shared memory at `tile` (d/64 chunks
-// of [B_c keys][64 columns], this warpgroup's rows 64 wg..), 128-byte swizzled rows as TMA
+// dK_j (× scale) or dV_j of this warpgroup's 64 keys -> shared memory, chunk c of 64 columns
+// ([B_c keys][64 columns]) at chunk[c], this warpgroup's rows 64 wg.., 128-byte swizzled rows as TMA
 // reads them (16-byte piece c of row r at c ^ r % 8). A warp's 4-byte stores of one (i, slot)
 // are 8 rows x 16 bytes in 8 different pieces: every bank once.
 template <class Cfg, int D, typename T>
-__device__ void stage_dkv(T* tile, const float (&X)[D / 2], float scale) {
+__device__ void stage_dkv(T* const (&chunks)[Cfg::kChunks], const float (&X)[D / 2], float scale) {
   const Fragment f;
 #pragma unroll
   for (int slot = 0; slot < 2; ++slot)
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       const int col = 8 * i + f.col_base, row = f.row[slot];
-      char* chunk = reinterpret_cast<char*>(tile + col / Cfg::kChunkCols * Cfg::B_c * Cfg::kChunkCols);
+      char* chunk = reinterpret_cast<char*>(chunks[col / Cfg::kChunkCols]);
       const int byte = col % Cfg::kChunkCols * int(sizeof(T));
       *reinterpret_cast<uint32_t*>(chunk + row * Cfg::kRowBytes + ((byte / 16) ^ (row % 8)) * 16 + byte % 16) =
           pack2<T>(scale * X[4 * i + 2 * slot], scale * X[4 * i + 2 * slot + 1]);
@@ -416,11 +432,13 @@ constexpr int kRingFree = 3;  // both warpgroups are past their last step: the r
 constexpr int kDkvStaged = 4;  // + wg: this warpgroup's dK_j, dV_j rows are in shared memory
 
 // ---------------------------------------------------------------------------------------
-// A consumer warpgroup (wg = 0, 1): keys key0 + 64 wg ..., every step of one unit, whose
-// first step is the CTA's g-th; K_j, V_j have landed.
+// A consumer warpgroup (wg = 0, 1): keys key0 + 64 wg ..., every step of one unit, the CTA's
+// seq-th, whose first step is the CTA's g-th; K_j, V_j have landed. stores_pending: the last
+// unit was a tile whose TMA stores of dK_j, dV_j may still be reading the ring.
 // ---------------------------------------------------------------------------------------
 template <class Cfg, int D, typename T, class Smem>
-__device__ void consume_unit(Smem& s, const BwdParams<T>& p, const Work& w, int wg, int g) {
+__device__ void consume_unit(Smem& s, const BwdParams<T>& p, const Work& w, int wg, int seq, int g,
+                             bool stores_pending) {
   constexpr int kOps = Cfg::B_r / Cfg::kK;
   const int wg_key0 = w.key0 + wg * Cfg::kWgKeys;
   const T* K_wg = s.k + wg * Cfg::kWgKeys * Cfg::kChunkCols;  // row 64 wg of chunk 0
@@ -429,7 +447,8 @@ __device__ void consume_unit(Smem& s, const BwdParams<T>& p, const Work& w, int 
   // dQ_i: by column halves (B_r = 64) or by query halves (B_r = 128, all columns)
   const int c0 = Cfg::kDsChunks == 1 ? wg * Cfg::kDqN : 0;
   const int q0 = Cfg::kDsChunks == 1 ? 0 : wg * Cfg::kChunkCols;
-  const bool issuer = wg == 0 && threadIdx.x % Cfg::kWgThreads == 0;  // issues the CTA's bulk reductions
+  const bool lead = threadIdx.x % Cfg::kWgThreads == 0;  // issues its warpgroup's TMA stores
+  const bool issuer = wg == 0 && lead;  // issues the CTA's bulk reductions
   const bool keys_ragged = wg_key0 + Cfg::kWgKeys > p.Nk;
 
   float dK[D / 2], dV[D / 2];
@@ -501,7 +520,11 @@ __device__ void consume_unit(Smem& s, const BwdParams<T>& p, const Work& w, int 
     // to wgmma (async proxy); the issuer's last bulk add has read the dQ buffer.
     store_ds_t<Cfg, T>(dST, dS_op);
     fence_proxy_async_shared();
-    if (issuer) bulk_wait_group_read<0>();
+    // The last tile's stores were issued at its end and ran under this step's GEMMs: each
+    // lead waits for its own to have read the ring, then frees it for the producer's step 1.
+    const bool free_ring = n == 0 && stores_pending && lead;
+    if (issuer || free_ring) bulk_wait_group_read<0>();
+    if (free_ring) mbarrier_arrive(&s.ring_free[(seq - 1) % 2]);
     named_barrier_sync(kDsStored, 2 * Cfg::kWgThreads);
 #pragma unroll
     for (int i = 0; i < Cfg::kDqN / 2; ++i) dQ[i] = 0.f;
@@ -532,12 +555,12 @@ __device__ void consume_unit(Smem& s, const BwdParams<T>& p, const Work& w, int 
   bwd_timeline_mark(BwdMark::steps_done);
   mbarrier_arrive(&s.kv_empty);  // this thread's last wgmma has read K_j, V_j: the next unit's may come
   if (w.tail >= 0) {  // a piece: its sums added to the tail's workspace, converted after the kernel
-    // The ring is free (as below); this warpgroup's half of it (32 KiB) holds its 64 rows of
-    // dK_j, then of dV_j, in fp32, each added by one bulk reduction of the leading thread.
+    // The ring is free (as below; the producer loads no step before ring_free after a piece);
+    // this warpgroup's Q_i (or dO_i) stages hold its 64 rows of dK_j, then of dV_j, in fp32, each
+    // added by one bulk reduction of the leading thread.
     named_barrier_sync(kRingFree, 2 * Cfg::kWgThreads);
     float* buf = reinterpret_cast<float*>(wg == 0 ? s.q[0] : s.dout[0]);
     float* rows = p.dkv_tail + (int64_t(w.tail) * 2 * Cfg::B_c + wg * Cfg::kWgKeys) * D;  // of dK's sums
-    const bool lead = threadIdx.x % Cfg::kWgThreads == 0;
     constexpr uint32_t kBytes = Cfg::kWgKeys * D * sizeof(float);
     static_assert(kBytes <= sizeof(s.q), "a warpgroup's fp32 rows fit its half of the ring");
     stage_sums<Cfg, D>(buf, dK, p.scale);
@@ -556,29 +579,36 @@ __device__ void consume_unit(Smem& s, const BwdParams<T>& p, const Work& w, int 
       bulk_reduce_add_f32(rows + Cfg::B_c * D, buf, kBytes);
       bulk_commit_group();
       bulk_wait_group_read<0>();  // buf may be overwritten
+      mbarrier_arrive(&s.ring_free[seq % 2]);
     }
-    mbarrier_arrive(&s.ring_free);
     return;
   }
   // line 17: dK_j (× scale), dV_j through the ring's stages (every stage was consumed and each
-  // warpgroup waited for its last wgmma; the barrier waits for the other's) and TMA stores.
+  // warpgroup waited for its last wgmma; the barrier waits for the other's) and TMA stores:
+  // chunk c in the c-th stage other than the next unit's first (the producer may be loading
+  // that one already). Not waited for here: the next unit's first step waits (free_ring).
   named_barrier_sync(kRingFree, 2 * Cfg::kWgThreads);
-  T* dK_tile = s.q[0] + wg * Cfg::kWgKeys * Cfg::kChunkCols;  // row 64 wg of chunk 0
-  T* dV_tile = s.dout[0] + wg * Cfg::kWgKeys * Cfg::kChunkCols;
-  stage_dkv<Cfg, D>(dK_tile, dK, p.scale);
-  stage_dkv<Cfg, D>(dV_tile, dV, 1.f);
+  const int next_first = (g + w.steps) % Cfg::kStages;
+  T* dK_chunks[Cfg::kChunks];
+  T* dV_chunks[Cfg::kChunks];
+#pragma unroll
+  for (int c = 0; c < Cfg::kChunks; ++c) {
+    const int stage = c < next_first ? c : c + 1;
+    dK_chunks[c] = s.q[stage] + wg * Cfg::kWgKeys * Cfg::kChunkCols;  // row 64 wg of the chunk
+    dV_chunks[c] = s.dout[stage] + wg * Cfg::kWgKeys * Cfg::kChunkCols;
+  }
+  stage_dkv<Cfg, D>(dK_chunks, dK, p.scale);
+  stage_dkv<Cfg, D>(dV_chunks, dV, 1.f);
   fence_proxy_async_shared();  // visible to the copy engine
   named_barrier_sync(kDkvStaged + wg, Cfg::kWgThreads);
-  if (threadIdx.x % Cfg::kWgThreads == 0) {
+  if (lead) {
     if (wg_key0 < p.Nk)  // rows past Nk are not written; a box wholly past it is not issued
       for (int c = 0; c < Cfg::kChunks; ++c) {
-        tma_store_3d(&p.dk_map, dK_tile + c * Cfg::B_c * Cfg::kChunkCols, c * Cfg::kChunkCols, wg_key0, w.bh_kv);
-        tma_store_3d(&p.dv_map, dV_tile + c * Cfg::B_c * Cfg::kChunkCols, c * Cfg::kChunkCols, wg_key0, w.bh_kv);
+        tma_store_3d(&p.dk_map, dK_chunks[c], c * Cfg::kChunkCols, wg_key0, w.bh_kv);
+        tma_store_3d(&p.dv_map, dV_chunks[c], c * Cfg::kChunkCols, wg_key0, w.bh_kv);
       }
     bulk_commit_group();
-    bulk_wait_group_read<0>();  // the stores have read shared memory
   }
-  mbarrier_arrive(&s.ring_free);
   bwd_timeline_mark(BwdMark::dkv_stored);
 }
 
@@ -586,6 +616,7 @@ __device__ void consume_unit(Smem& s, const BwdParams<T>& p, const Work& w, int 
 template <class Cfg, int D, typename T, class Smem>
 __device__ void consume(Smem& s, const BwdParams<T>& p, int wg) {
   int g = 0;
+  bool stores_pending = false;
   for (int seq = 0;; ++seq) {
     bwd_timeline_mark(BwdMark::cta_start);  // tile_timeline --backward; nothing otherwise
     mbarrier_wait(&s.kv_full, seq & 1);
@@ -593,10 +624,12 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, int wg) {
     if (unit >= p.n_units) break;
     bwd_timeline_mark(BwdMark::kv_ready);
     const Work w(p, unit, Cfg::B_c, Cfg::B_r);
-    consume_unit<Cfg, D>(s, p, w, wg, g);
+    consume_unit<Cfg, D>(s, p, w, wg, seq, g, stores_pending);
     g += w.steps;
+    stores_pending = w.tail < 0;
   }
-  if (wg == 0 && threadIdx.x % Cfg::kWgThreads == 0) bulk_wait_group<0>();  // the dQ adds are done before the CTA's shared memory goes
+  // The last stores and dQ adds have read shared memory before it goes.
+  if (threadIdx.x % Cfg::kWgThreads == 0) bulk_wait_group<0>();
   bwd_timeline_mark(BwdMark::cta_done);
 }
 
@@ -609,7 +642,7 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
   if (threadIdx.x == 0) {
     mbarrier_init(&s.kv_full, 1);
     mbarrier_init(&s.kv_empty, Cfg::kConsumers * Cfg::kWgThreads);   // every consumer thread
-    mbarrier_init(&s.ring_free, Cfg::kConsumers * Cfg::kWgThreads);
+    for (int i = 0; i < 2; ++i) mbarrier_init(&s.ring_free[i], Cfg::kConsumers);  // each warpgroup's lead
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbarrier_init(&s.full[i], 32);                          // the producer warp's lanes (+ TMA bytes)
       mbarrier_init(&s.empty[i], Cfg::kConsumers * Cfg::kWgThreads);  // every consumer thread
