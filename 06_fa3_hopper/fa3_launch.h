@@ -258,22 +258,5 @@ inline TailPlan tail_plan_for(const AttnProblem& p) {
   return tail_plan(tiles, steps, sms, p.causal);
 }
 }
-// 06o with persistent CTAs, one per SM, walking 06o's units (06p_bwd_persistent.cuh). The same
-// grid order and tail plan; the workspace holds the unit counter before 06o's tail sums
-// (kCounterBytes, so that the sums stay 16-byte aligned).
-namespace step06p {
-template <int D, typename T>
-void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
-using step06m::bwd_order;
-using step06m::cta_order;
-using step06o::TailPlan;
-using step06o::kTailAlign;
-using step06o::tail_plan_for;
-using step06o::tail_sums_bytes;
-constexpr size_t kCounterBytes = 16;
-inline size_t workspace_bytes(const AttnProblem& p) {
-  return kTailAlign + kCounterBytes + tail_sums_bytes(tail_plan_for(p), p.d);
-}
-}
 
 }  // namespace attn::fa3

@@ -121,14 +121,13 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
 // 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh,
 // 06k_bwd_tall_steps.cuh, 06l_bwd_tma_store.cuh, 06m_bwd_heavy_first.cuh,
-// 06n_bwd_k_in_registers.cuh, 06o_bwd_tail_pieces.cuh, 06p_bwd_persistent.cuh) for the head
-// dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D); 06o adds its
-// tail's dK, dV sums, 06p those or (with the mask) its unit counter.
+// 06n_bwd_k_in_registers.cuh, 06o_bwd_tail_pieces.cuh) for the head dims they were built for
+// (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D); 06o adds its tail's dK, dV sums.
 // l_deterministic is not a step but 06l's ablation: dQ added in key-block order.
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps,
-                     l_tma_store, l_deterministic, m_heavy_first, n_k_in_registers, o_tail_pieces, p_persistent };
+                     l_tma_store, l_deterministic, m_heavy_first, n_k_in_registers, o_tail_pieces };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
-constexpr BwdStep kBackwardOf06d = BwdStep::p_persistent;
+constexpr BwdStep kBackwardOf06d = BwdStep::o_tail_pieces;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
@@ -143,12 +142,10 @@ void add_backward_06(Stage& s) {
     size_t extra = kStep == BwdStep::l_deterministic ? fa3::step06l::dq_turn_bytes(p) : 0;
     if constexpr (kStep == BwdStep::o_tail_pieces) {  // the tail's dK, dV sums (the launch's plan)
       extra = fa3::step06o::tail_workspace_bytes(fa3::step06o::tail_plan_for(p), p.d);
-    } else if constexpr (kStep == BwdStep::p_persistent) {  // the same, or the unit counter
-      extra = fa3::step06p::workspace_bytes(p);
     }
     return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics) + extra;
   };
-  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06p one.
+  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06o one.
   s.model_backward_hbm_bytes = [](const AttnProblem& p) {
     constexpr int kDqAdds = kStep == BwdStep::e_atomics || kStep == BwdStep::f_bulk_per_warpgroup ? 2 : 1;
     const int rows = kStep >= BwdStep::k_tall_steps ? fa3::step06k::rows_per_step(p.d) : fa3::step06e::kBwdRowsPerStep;
@@ -159,8 +156,7 @@ void add_backward_06(Stage& s) {
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
       constexpr int D = decltype(dim)::value;
       using T = typename decltype(type)::type;
-      if constexpr (kStep == BwdStep::p_persistent) return &fa3::step06p::launch_backward<D, T>;
-      else if constexpr (kStep == BwdStep::o_tail_pieces) return &fa3::step06o::launch_backward<D, T>;
+      if constexpr (kStep == BwdStep::o_tail_pieces) return &fa3::step06o::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::n_k_in_registers) return &fa3::step06n::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::m_heavy_first) return &fa3::step06m::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::l_deterministic) return &fa3::step06l::launch_backward<D, T, true>;
@@ -277,8 +273,8 @@ std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
   // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns,
   // 06i_bwd_shared_space, 06j_bwd_issue_order, 06k_bwd_tall_steps, 06l_bwd_tma_store,
-  // 06m_bwd_heavy_first, 06n_bwd_k_in_registers, 06o_bwd_tail_pieces and 06p_bwd_persistent
-  // run 06d's forward and their own backward, each checked against the step before it.
+  // 06m_bwd_heavy_first, 06n_bwd_k_in_registers and 06o_bwd_tail_pieces run 06d's forward and
+  // their own backward, each checked against the step before it.
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
   };
@@ -314,7 +310,7 @@ std::vector<Stage> fa3_stages() {
       with_backward<kBackwardOf06d>(
           stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
                                 "persistent CTAs: the producer loads the next tile while the consumers finish")),
-      // The backward's steps, each with 06d's forward: 06e-06p.
+      // The backward's steps, each with 06d's forward: 06e-06o.
       with_backward<BwdStep::e_atomics>(
           stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
                                 "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics")),
@@ -348,9 +344,6 @@ std::vector<Stage> fa3_stages() {
       with_backward<BwdStep::o_tail_pieces>(
           stage_06d<persistent>("06o_bwd_tail_pieces", "06n_bwd_k_in_registers",
                                 "06n with the grid's last partial wave split into pieces of steps (no mask)")),
-      with_backward<BwdStep::p_persistent>(
-          stage_06d<persistent>("06p_bwd_persistent", "06o_bwd_tail_pieces",
-                                "06o with one CTA per SM walking its units: the next K_j, V_j under the epilogue")),
       // Ablation of 06l: dQ added in key-block order, bitwise reproducible (06l_bwd.md).
       with_backward<BwdStep::l_deterministic>(
           stage_06d<persistent>("06l_bwd_deterministic", "06l_bwd_tma_store",

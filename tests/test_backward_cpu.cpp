@@ -245,8 +245,8 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_TRUE(find_stage("04_fa1_tiled").has_backward());
   EXPECT_TRUE(find_stage("05_fa2_reordered").has_backward());
   EXPECT_FALSE(find_stage("05_fa2_decode").has_backward());  // copies of 05 stay forward only
-  // 06d_fa3's backward (the last step's kernel) and the steps 06e-06p at d = 64 and 128,
-  // chained 06e -> 06f -> ... -> 06n -> 06o -> 06p; 06d's ablations stay
+  // 06d_fa3's backward (the last step's kernel) and the steps 06e-06o at d = 64 and 128,
+  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k -> 06l -> 06m -> 06n; 06d's ablations stay
   // forward only.
   EXPECT_EQ(find_stage("06d_fa3").backward_head_dims, (std::vector<int>{64, 128}));
   EXPECT_EQ(find_stage("06e_bwd_wgmma").backward_head_dims, (std::vector<int>{64, 128}));   // 06e
@@ -269,8 +269,6 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_EQ(find_stage("06n_bwd_k_in_registers").backward_head_dims, (std::vector<int>{64, 128}));  // 06n
   EXPECT_EQ(find_stage("06o_bwd_tail_pieces").prev, "06n_bwd_k_in_registers");
   EXPECT_EQ(find_stage("06o_bwd_tail_pieces").backward_head_dims, (std::vector<int>{64, 128}));  // 06o
-  EXPECT_EQ(find_stage("06p_bwd_persistent").prev, "06o_bwd_tail_pieces");
-  EXPECT_EQ(find_stage("06p_bwd_persistent").backward_head_dims, (std::vector<int>{64, 128}));  // 06p
   EXPECT_EQ(find_stage("06f_bwd_dq_reduce").backward_head_dims, (std::vector<int>{64, 128}));  // 06f
   EXPECT_EQ(find_stage("06g_bwd_one_dq_add").backward_head_dims, (std::vector<int>{64, 128}));  // 06g
   EXPECT_FALSE(find_stage("06d_one_tile_per_cta").has_backward());
@@ -368,20 +366,6 @@ TEST(BackwardTail, PiecesShortenThePartialWave) {
   const auto many = tail_plan(7, 40, 132, false);
   EXPECT_LE(many.pieces, std::min(40, fa3::step06o::kMaxPieces));
   EXPECT_GT(many.pieces, 1);
-}
-
-// 06p's workspace past 05's: room to align, the unit counter, then 06o's tail sums (none
-// where CUDA cannot count SMs, as here without a GPU), which stay 16-byte aligned.
-TEST(BackwardPersistent, WorkspaceHoldsTheCounterAndTheSums) {
-  AttnProblem p;
-  p.B = 8, p.H = 16, p.Hkv = 16, p.Nq = p.Nk = 2048, p.d = 128;
-  for (bool causal : {true, false}) {
-    p.causal = causal;
-    EXPECT_EQ(fa3::step06p::workspace_bytes(p),
-              fa3::step06o::kTailAlign + fa3::step06p::kCounterBytes +
-                  fa3::step06o::tail_sums_bytes(fa3::step06o::tail_plan_for(p), p.d));
-  }
-  static_assert(fa3::step06p::kCounterBytes % fa3::step06o::kTailAlign == 0, "the sums after the counter stay aligned");
 }
 
 }  // namespace
