@@ -139,10 +139,10 @@ void add_backward_06(Stage& s) {
     return "";
   };
   s.backward_workspace_bytes = [](const AttnProblem& p) {
-    size_t extra = kStep == BwdStep::l_deterministic ? fa3::step06l::dq_turn_bytes(p) : 0;
-    if constexpr (kStep == BwdStep::o_tail_pieces) {  // the tail's dK, dV sums (the launch's plan)
+    size_t extra = 0;
+    if constexpr (kStep == BwdStep::l_deterministic) extra = fa3::step06l::dq_turn_bytes(p);
+    else if constexpr (kStep == BwdStep::o_tail_pieces)  // the tail's dK, dV sums (the launch's plan)
       extra = fa3::step06o::tail_workspace_bytes(fa3::step06o::tail_plan_for(p), p.d);
-    }
     return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics) + extra;
   };
   // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06o one.

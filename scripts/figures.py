@@ -1145,11 +1145,15 @@ def bwd_smem_bytes(d, k_in_registers):
     }
 
 
+def tail_constants():
+    """fa3_launch.h's step06o::kPieceCostSteps and kMaxPieces."""
+    src = "06_fa3_hopper/fa3_launch.h"
+    return parse(src, r"kPieceCostSteps = (\d+);")[0], parse(src, r"kMaxPieces = (\d+);")[0]
+
+
 def tail_plan(tiles, steps, sms, causal=False):
     """fa3_launch.h's step06o::tail_plan on the constants parsed from it: (full CTAs, pieces, tail tiles)."""
-    src = "06_fa3_hopper/fa3_launch.h"
-    (cost,) = parse(src, r"kPieceCostSteps = (\d+);")
-    (most,) = parse(src, r"kMaxPieces = (\d+);")
+    cost, most = tail_constants()
     if causal or sms < 1 or steps < 2 or tiles % sms == 0:
         return tiles, 1, 0
     tail = tiles % sms
@@ -1166,7 +1170,7 @@ def fig_06o(path):
     """SMs busy over the end of the backward's grid at the papers' shapes (d = 128 and 64, N = 2k,
     no mask), 06n's whole tiles against 06o's pieces, as a greedy list schedule in units of
     steps with kPieceCostSteps per CTA (the hardware starts CTAs in order on the first free SM)."""
-    (cost,) = parse("06_fa3_hopper/fa3_launch.h", r"kPieceCostSteps = (\d+);")
+    cost, _ = tail_constants()
     rows64, rows128 = parse("06_fa3_hopper/fa3_launch.h", r"rows_per_step\(int d\) \{ return d == 64 \? (\d+) : (\d+);")
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.9))
     for ax, d, rows in ((axes[0], 128, rows128), (axes[1], 64, rows64)):
