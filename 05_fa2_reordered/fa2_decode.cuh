@@ -73,8 +73,9 @@ __device__ __forceinline__ void mask_decode_tile(float (&S_ij)[Frag<Cfg>::kM][Fr
 
 // cp.async keys [first_key, first_key + kRows) of KV head `head` of one sequence of the paged
 // cache into the K and V tiles, as load_tile does for a contiguous [Nk, d] matrix: key n at
-// page pages[n / page_size], slot n % page_size, rows Hkv * d apart. Keys at or past Nk are
-// zero-filled and never read. The caller has checked every page index it uses.
+// page pages[n / page_size], slot n % page_size, rows Hkv * d apart. Keys at or past Nk, and
+// keys whose table entry is not a page index, are zero-filled and never read: each copy checks
+// its own page, so the copies need not wait for the CTA's check of the whole table.
 //
 // The address work runs in every warp once per block, and every warp of the narrow tile also
 // computes its share of the block's math, so what it adds here lengthens every block. Hence
@@ -93,27 +94,29 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
   const int64_t row_stride = int64_t(p.Hkv) * Cfg::kD;
   const int64_t column = int64_t(head) * Cfg::kD + chunk * kChunkElems;
   if (p.page_shift >= 0 && (1 << p.page_shift) % kRows == 0 && first_key + kRows <= Nk) {
-    const int64_t row0 = (int64_t(__ldg(pages + (first_key >> p.page_shift))) << p.page_shift) +
-                         (first_key & ((1 << p.page_shift) - 1)) + r0;
+    const int page = __ldg(pages + (first_key >> p.page_shift));
+    const bool valid = unsigned(page) < unsigned(p.num_pages);
+    const int64_t row0 = (int64_t(valid ? page : 0) << p.page_shift) + (first_key & ((1 << p.page_shift) - 1)) + r0;
     const T* k = p.k + row0 * row_stride + column;
     const T* v = p.v + row0 * row_stride + column;
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
       const int dst = tile_offset<Cfg>(r0 + pass * kRowsPerPass, chunk);
-      ptx::cp_async_16(ptx::smem_u32(k_tile + dst), k + pass * kRowsPerPass * row_stride, true);
-      ptx::cp_async_16(ptx::smem_u32(v_tile + dst), v + pass * kRowsPerPass * row_stride, true);
+      ptx::cp_async_16(ptx::smem_u32(k_tile + dst), k + pass * kRowsPerPass * row_stride, valid);
+      ptx::cp_async_16(ptx::smem_u32(v_tile + dst), v + pass * kRowsPerPass * row_stride, valid);
     }
     return;
   }
 #pragma unroll
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const int row = r0 + pass * kRowsPerPass, key = first_key + row;
-    const bool valid = key < Nk;
+    bool valid = key < Nk;
     int64_t offset = 0;
     if (valid) {
       const int entry = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
-      const int slot = key - entry * p.page_size;
-      offset = (int64_t(__ldg(pages + entry)) * p.page_size + slot) * row_stride + column;
+      const int slot = key - entry * p.page_size, page = __ldg(pages + entry);
+      valid = unsigned(page) < unsigned(p.num_pages);
+      offset = valid ? (int64_t(page) * p.page_size + slot) * row_stride + column : 0;
     }
     const int dst = tile_offset<Cfg>(row, chunk);
     ptx::cp_async_16(ptx::smem_u32(k_tile + dst), p.k + offset, valid);
@@ -228,43 +231,33 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   int Nk = p.Nk;  // this sequence's keys
   const int* pages = nullptr;
   const int key_begin = split * p.keys_per_split;
-  bool bad = false;
+  bool bad = false, bad_length = false, mine = false;
+  int len = 0, first_page = 0, end_page = 0;  // paged: seq_lens[b] as given; the split's table columns
   if constexpr (kPaged) {
-    // Check before any key is loaded: the length, then every page index this CTA's keys use
-    // (entries past a sequence's length may hold anything and are not faults). The entries'
-    // loads do not wait for the length's: the loop runs over the split's columns below
-    // max_pages, which are always in the table, and the length only decides which count, so
-    // one memory round trip, not two, comes before the first copy.
+    // The check: the length, then every page index this CTA's keys use (entries past a
+    // sequence's length may hold anything and are not faults). The entries' loads do not wait
+    // for the length's: the loop runs over the split's columns below max_pages, which are
+    // always in the table, and the length only decides which count. The copies do not wait for
+    // the check's verdict either (each copy checks its own page, load_paged_tiles): the CTA's
+    // barrier on it comes after the first blocks are requested, so one memory round trip, the
+    // table's, comes before the first copy, and the barrier overlaps the copies' trip.
     pages = p.block_table + int64_t(b) * p.max_pages;
-    Nk = p.seq_lens[b];
-    const int first_page = key_begin / p.page_size;
-    const int end_page = int(min(int64_t(p.max_pages), (int64_t(key_begin) + p.keys_per_split + p.page_size - 1) / p.page_size));
-    bool mine = false;
+    len = p.seq_lens[b];
+    first_page = key_begin / p.page_size;
+    end_page = int(min(int64_t(p.max_pages), (int64_t(key_begin) + p.keys_per_split + p.page_size - 1) / p.page_size));
     for (int c = first_page + int(threadIdx.x); c < end_page; c += Cfg::kThreads) {
       const int page = pages[c];
-      mine |= int64_t(c) * p.page_size < Nk && (page < 0 || page >= p.num_pages);
+      mine |= int64_t(c) * p.page_size < len && (page < 0 || page >= p.num_pages);
     }
-    const bool bad_length = Nk < 0 || Nk > p.max_pages * p.page_size;
-    bad = __syncthreads_or(mine) || bad_length;
-    if (threadIdx.x == 0 && head == 0 && blockIdx.y == 0) {  // this (b, split)'s record, fault or not
-      PagedErrorWord e{0, b, -1, Nk};
-      if (bad_length) {
-        e.flags = Nk < 0 ? kBadLength : kLengthBeyondPages;
-      } else if (bad) {  // rare: find the first bad column again
-        for (int c = first_page; c < end_page; ++c)
-          if (int64_t(c) * p.page_size < Nk && (pages[c] < 0 || pages[c] >= p.num_pages)) {
-            e = PagedErrorWord{kPageOutOfRange, b, c, pages[c]};
-            break;
-          }
-      }
-      p.error[int64_t(b) * p.splits + split] = e;
-    }
+    bad_length = len < 0 || len > p.max_pages * p.page_size;
+    Nk = bad_length ? 0 : len;  // a bad length: no key is copied
   }
   const int key_end = min(Nk, key_begin + p.keys_per_split);
   const int j0 = key_begin / B_c;                     // keys_per_split is a multiple of B_c
   // Contiguous: >= 1, every split has a key. Paged: <= 0 for a split past a short sequence's
-  // end (no keys: l = 0, so O^(s) = 0 and L^(s) = -inf) and for a bad table (NaN below).
-  const int T_c = bad ? 0 : (key_end - key_begin + B_c - 1) / B_c;
+  // end (no keys: l = 0, so O^(s) = 0 and L^(s) = -inf); 0 after the prologue for a bad table
+  // (NaN below).
+  int T_c = (key_end - key_begin + B_c - 1) / B_c;
   // First block that needs a mask: the ragged end of K or, causal, past what query row 0
   // (the row that sees least: keys <= Nk - Nq) sees.
   const int first_masked =
@@ -312,6 +305,23 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < T_c) load_kv(s, s);
     ptx::cp_async_commit();
+  }
+  if constexpr (kPaged) {  // the check's verdict, while the first blocks are on their way
+    bad = __syncthreads_or(mine) || bad_length;
+    if (bad) T_c = 0;  // compute nothing; the copies in flight read only pages, and drain below
+    if (threadIdx.x == 0 && head == 0 && blockIdx.y == 0) {  // this (b, split)'s record, fault or not
+      PagedErrorWord e{0, b, -1, len};
+      if (bad_length) {
+        e.flags = len < 0 ? kBadLength : kLengthBeyondPages;
+      } else if (bad) {  // rare: find the first bad column again
+        for (int c = first_page; c < end_page; ++c)
+          if (int64_t(c) * p.page_size < len && (pages[c] < 0 || pages[c] >= p.num_pages)) {
+            e = PagedErrorWord{kPageOutOfRange, b, c, pages[c]};
+            break;
+          }
+      }
+      p.error[int64_t(b) * p.splits + split] = e;
+    }
   }
   for (int j = 0; j < T_c; ++j) {
     ptx::cp_async_wait<kStages - 2>();
