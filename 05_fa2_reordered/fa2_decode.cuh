@@ -47,6 +47,7 @@ struct DecodeParams {
   const int* seq_lens;     // [B]
   int Hkv, num_pages, page_size, max_pages;
   int page_shift;          // log2(page_size) where page_size is a power of two, else -1
+  int hkv_shift;           // log2(Hkv) where Hkv is a power of two, else -1
   PagedErrorWord* error;   // the workspace's head: [B][splits] fault records (fa2_decode.h)
 };
 
@@ -227,7 +228,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   const T* Q = p.q + int64_t(bkv) * p.R * D;  // the group's packed rows
   const T* K = p.k + int64_t(bkv) * p.Nk * D;  // contiguous only
   const T* V = p.v + int64_t(bkv) * p.Nk * D;
-  const int b = bkv / max(p.Hkv, 1), head = bkv % max(p.Hkv, 1);
+  // Paged only: the sequence and KV head. Shifts where the sizes are powers of two: an integer
+  // division costs dozens of dependent instructions before the table's load can be issued.
+  const int b = p.hkv_shift >= 0 ? bkv >> p.hkv_shift : bkv / max(p.Hkv, 1);
+  const int head = bkv - b * p.Hkv;
   int Nk = p.Nk;  // this sequence's keys
   const int* pages = nullptr;
   const int key_begin = split * p.keys_per_split;
@@ -243,8 +247,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
     // table's, comes before the first copy, and the barrier overlaps the copies' trip.
     pages = p.block_table + int64_t(b) * p.max_pages;
     len = p.seq_lens[b];
-    first_page = key_begin / p.page_size;
-    end_page = int(min(int64_t(p.max_pages), (int64_t(key_begin) + p.keys_per_split + p.page_size - 1) / p.page_size));
+    const int64_t key_stop = int64_t(key_begin) + p.keys_per_split + p.page_size - 1;  // a page past the split's last key
+    first_page = p.page_shift >= 0 ? key_begin >> p.page_shift : key_begin / p.page_size;
+    end_page = int(min(int64_t(p.max_pages), p.page_shift >= 0 ? key_stop >> p.page_shift : key_stop / p.page_size));
+#pragma unroll 1  // a few columns per thread: unrolled, the loop's setup delays its first load
     for (int c = first_page + int(threadIdx.x); c < end_page; c += Cfg::kThreads) {
       const int page = pages[c];
       mine |= int64_t(c) * p.page_size < len && (page < 0 || page >= p.num_pages);
@@ -492,6 +498,7 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const PagedK
   prm.scale_log2 = prm.scale * static_cast<float>(M_LOG2E);
   prm.rescale_log2 = kRescaleLog2;
   prm.Hkv = p.Hkv;
+  prm.hkv_shift = p.Hkv > 0 && (p.Hkv & (p.Hkv - 1)) == 0 ? __builtin_ctz(unsigned(p.Hkv)) : -1;
   if (kv) {
     prm.block_table = kv->block_table;
     prm.seq_lens = kv->seq_lens;
