@@ -59,6 +59,14 @@ def test_ragged_batch_matches_fp64(page_size, causal):
     expect_close(o, q, seqs, causal)
 
 
+@pytest.mark.parametrize("H, Hkv", [(6, 3), (12, 6), (5, 1)])
+def test_kv_heads_any_count(H, Hkv):
+    """H_kv no power of two: each CTA finds its sequence by division (by shift otherwise)."""
+    q, kc, vc, table, lens, seqs = paged_batch([1, 130, 700], page_size=64, H=H, Hkv=Hkv, Nq=2)
+    o = attn_ladder.decode_paged(q, kc, vc, table, lens, causal=True)
+    expect_close(o, q, seqs, True)
+
+
 def test_opcheck_compile_and_graph():
     q, kc, vc, table, lens, seqs = paged_batch([300, 5000, 64], page_size=64)
     torch.library.opcheck(torch.ops.attn_ladder.decode_paged.default, (q, kc, vc, table, lens, True, 0.125),
