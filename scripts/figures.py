@@ -1467,6 +1467,70 @@ def fig_decode(path):
     save(fig, path)
 
 
+@figure("05_fa2_reordered/figures/decode_paged.png")
+def fig_decode_paged(path):
+    """The paged KV cache (fa2_decode.h, fa2_decode.cuh): how a K/V block of B_c keys finds its
+    rows through the block table, and what a paged CTA waits on before its first copy."""
+    (bc,) = parse("05_fa2_reordered/fa2_decode.h", r"kDecodeBc = (\d+);")
+    Hkv, head = 8, 2
+    fig, axes = plt.subplots(1, 2, figsize=(13.5, 4.8), gridspec_kw=dict(width_ratios=[1.25, 1]))
+    ax = axes[0]
+    blank(ax, (-0.3, 10.6), (-0.6, 8.4))
+    table = [5, 2, 7, 0]  # sequence b's first columns: pages handed out in any order
+    ax.text(0, 5.45, "block_table[b] (int32)", fontsize=9)
+    for c, page in enumerate(table):
+        box(ax, c * 0.9, 6.1, 0.9, 0.8, str(page), color="#e6ecf6", fs=9)
+        ax.text(c * 0.9 + 0.45, 6.05, f"col {c}", ha="center", va="top", fontsize=7)
+    ax.text(3.75, 6.5, "…", fontsize=12, va="center")
+    pool_x, w = 5.0, 0.55
+    ax.text(pool_x, 5.95, "k_cache [num_pages, P, H_kv, d]:\npages handed out from one pool", fontsize=8.5, va="top")
+    for i in range(8):
+        color = "#fde2cc" if i in table else "#f4f4f4"
+        box(ax, pool_x + i * w, 6.1, w, 0.8, str(i), color=color, fs=8)
+    for c, page in enumerate(table):
+        arrow(ax, (c * 0.9 + 0.45, 6.9), (pool_x + page * w + w / 2, 6.95), color="#4a6fa5",
+              connectionstyle="arc3,rad=-0.35")
+    # one page of P = B_c tokens: token rows of H_kv heads × d, this CTA's head is one column
+    x0, y0, cw, rh, rows_drawn = 0.3, 0.6, 0.62, 0.42, 8
+    ax.text(x0, y0 + rows_drawn * rh + 0.35, f"page 5, P = {bc} tokens (rows); a token holds all H_kv = {Hkv} heads",
+            fontsize=8.5)
+    for r in range(rows_drawn):
+        for h in range(Hkv):
+            mine = h == head
+            box(ax, x0 + h * cw, y0 + (rows_drawn - 1 - r) * rh, cw, rh, "", color="#c9dcf0" if mine else "white",
+                lw=0.5)
+    ax.text(x0 + Hkv * cw / 2, y0 - 0.35, f"token slot 0 … {bc - 1} (8 drawn)", ha="center", fontsize=7.5)
+    ax.text(x0 + head * cw + cw / 2, y0 + rows_drawn * rh + 0.05, f"head {head}", ha="center", fontsize=7.5,
+            color="#4a6fa5")
+    tx = x0 + Hkv * cw + 0.4
+    ax.text(tx, 3.5, f"P a power-of-two multiple of B_c = {bc}:\n"
+            f"  a block of {bc} keys lies in one page:\n"
+            "  one table entry, then rows at a fixed\n"
+            f"  stride of H_kv·d elements (as contiguous)", fontsize=8.3, va="top")
+    ax.text(tx, 1.65, f"P = 16: a block spans {bc // 16} pages: an entry per row\n"
+            "  (shift and mask; P no power of two: division)", fontsize=8.3, va="top")
+    ax.text(tx, 0.55, "each copy checks its own page index:\nnot in [0, num_pages) → zero-filled, never read",
+            fontsize=8.3, va="top", color="#a04040")
+    ax.set_title("Where key n of sequence b lives: page block_table[b][n / P], slot n % P", fontsize=9.5)
+    ax = axes[1]
+    L, issue, compute = 6.0, 1.2, 3.0  # schematic units: a DRAM round trip, issue work, a block's math
+    rows = [
+        ("contiguous", [(0, issue, "#eeeeee", "addresses"), (issue, L, C_LOAD, "K_j, V_j trip"),
+                        (issue + L, compute, C_GEMM, "compute")]),
+        ("paged", [(0, issue, "#eeeeee", "shifts"), (issue, L, "#c9dcf0", "len + table trip"),
+                   (issue + L, issue, "#eeeeee", "pages"), (2 * issue + L, L, C_LOAD, "K_j, V_j trip"),
+                   (2 * issue + 2 * L, compute, C_GEMM, "compute")]),
+        ("paged: the check", [(issue, L, "#c9dcf0", "its split's entries"), (2 * issue + L, 0.4, "#a04040", ""),
+                              (2 * issue + L + 0.4, L - 0.4, "#f4f4f4", "barrier → verdict (NaN if bad)")]),
+    ]
+    gantt(ax, rows, xlabel="time (schematic, not to scale)")
+    ax.set_xticks([])
+    ax.set_title("A CTA's start: one more dependent memory trip, the table's, before the first copy;\n"
+                 "the barrier on the check's verdict (__syncthreads_or, red) comes after the first copies are requested", fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
 def ring_math():
     """python/attn_ladder/ring_math.py (torch-free), loaded by its path: the ring's schedule."""
     import importlib.util
