@@ -51,6 +51,19 @@ struct DecodeParams {
   PagedErrorWord* error;   // the workspace's head: [B][splits] fault records (fa2_decode.h)
 };
 
+// n / size, by a shift where size is a power of two (shift = log2(size) >= 0): the shift is one
+// instruction, a division dozens of dependent ones.
+template <typename I>
+__device__ __forceinline__ I shift_or_divide(I n, int shift, int size) {
+  return shift >= 0 ? n >> shift : n / size;
+}
+
+// Whether a block-table entry names a page of the cache, [0, num_pages).
+template <typename T>
+__device__ __forceinline__ bool is_page(const DecodeParams<T>& p, int entry) {
+  return unsigned(entry) < unsigned(p.num_pages);
+}
+
 // S = -inf where a key is past what packed row r (query row r % Nq) sees: key >= Nk (this
 // sequence's length), or,
 // causal, key > r % Nq + Nk - Nq (bottom-right aligned).
@@ -96,7 +109,7 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
   const int64_t column = int64_t(head) * Cfg::kD + chunk * kChunkElems;
   if (p.page_shift >= 0 && (1 << p.page_shift) % kRows == 0 && first_key + kRows <= Nk) {
     const int page = __ldg(pages + (first_key >> p.page_shift));
-    const bool valid = unsigned(page) < unsigned(p.num_pages);
+    const bool valid = is_page(p, page);
     const int64_t row0 = (int64_t(valid ? page : 0) << p.page_shift) + (first_key & ((1 << p.page_shift) - 1)) + r0;
     const T* k = p.k + row0 * row_stride + column;
     const T* v = p.v + row0 * row_stride + column;
@@ -114,9 +127,9 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
     bool valid = key < Nk;
     int64_t offset = 0;
     if (valid) {
-      const int entry = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+      const int entry = shift_or_divide(key, p.page_shift, p.page_size);
       const int slot = key - entry * p.page_size, page = __ldg(pages + entry);
-      valid = unsigned(page) < unsigned(p.num_pages);
+      valid = is_page(p, page);
       offset = valid ? (int64_t(page) * p.page_size + slot) * row_stride + column : 0;
     }
     const int dst = tile_offset<Cfg>(row, chunk);
@@ -228,15 +241,17 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   const T* Q = p.q + int64_t(bkv) * p.R * D;  // the group's packed rows
   const T* K = p.k + int64_t(bkv) * p.Nk * D;  // contiguous only
   const T* V = p.v + int64_t(bkv) * p.Nk * D;
-  // Paged only: the sequence and KV head. Shifts where the sizes are powers of two: an integer
-  // division costs dozens of dependent instructions before the table's load can be issued.
-  const int b = p.hkv_shift >= 0 ? bkv >> p.hkv_shift : bkv / max(p.Hkv, 1);
-  const int head = bkv - b * p.Hkv;
+  // Paged only: the sequence and KV head, before the table's load can be issued.
+  const int b = shift_or_divide(bkv, p.hkv_shift, p.Hkv), head = bkv - b * p.Hkv;
   int Nk = p.Nk;  // this sequence's keys
   const int* pages = nullptr;
   const int key_begin = split * p.keys_per_split;
   bool bad = false, bad_length = false, mine = false;
   int len = 0, first_page = 0, end_page = 0;  // paged: seq_lens[b] as given; the split's table columns
+  // Column c of the table, holding `entry`, is a fault: it holds one of the sequence's keys but
+  // names no page. `&`, not `&&`: with a short circuit ptxas moves the entry's load under the
+  // length's test, and the load then waits for len's.
+  auto fault = [&](int c, int entry) { return (int64_t(c) * p.page_size < len) & !is_page(p, entry); };
   if constexpr (kPaged) {
     // The check: the length, then every page index this CTA's keys use (entries past a
     // sequence's length may hold anything and are not faults). The entries' loads do not wait
@@ -248,12 +263,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
     pages = p.block_table + int64_t(b) * p.max_pages;
     len = p.seq_lens[b];
     const int64_t key_stop = int64_t(key_begin) + p.keys_per_split + p.page_size - 1;  // a page past the split's last key
-    first_page = p.page_shift >= 0 ? key_begin >> p.page_shift : key_begin / p.page_size;
-    end_page = int(min(int64_t(p.max_pages), p.page_shift >= 0 ? key_stop >> p.page_shift : key_stop / p.page_size));
+    first_page = shift_or_divide(key_begin, p.page_shift, p.page_size);
+    end_page = int(min(int64_t(p.max_pages), shift_or_divide(key_stop, p.page_shift, p.page_size)));
 #pragma unroll 1  // a few columns per thread: unrolled, the loop's setup delays its first load
     for (int c = first_page + int(threadIdx.x); c < end_page; c += Cfg::kThreads) {
-      const int page = pages[c];
-      mine |= int64_t(c) * p.page_size < len && (page < 0 || page >= p.num_pages);
+      const int entry = pages[c];
+      mine |= fault(c, entry);
     }
     bad_length = len < 0 || len > p.max_pages * p.page_size;
     Nk = bad_length ? 0 : len;  // a bad length: no key is copied
@@ -321,7 +336,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
         e.flags = len < 0 ? kBadLength : kLengthBeyondPages;
       } else if (bad) {  // rare: find the first bad column again
         for (int c = first_page; c < end_page; ++c)
-          if (int64_t(c) * p.page_size < len && (pages[c] < 0 || pages[c] >= p.num_pages)) {
+          if (fault(c, pages[c])) {
             e = PagedErrorWord{kPageOutOfRange, b, c, pages[c]};
             break;
           }
