@@ -116,10 +116,6 @@ def sdpa(backend, q, k, v):
     return call
 
 
-def rel_diff(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 def copy_ceiling(flush):
     """A plain device copy of COPY_BYTES by a kernel, in a graph: read + write bytes per second
     / 1e9. A kernel (an elementwise negation), not dst.copy_(src): captured, that is a memcpy
@@ -174,7 +170,7 @@ def run_problem(a, flush, common, writer, B, Nq, Nk, summary):
     for name in names:
         med = statistics.median(t[0] for t in per_round[name])
         times[name] = med
-        err = rel_diff(outs[name], ref) if ref is not None and name != "torch_cudnn" else None
+        err = peers.rel_diff(outs[name], ref) if ref is not None and name != "torch_cudnn" else None
         row = dict(common, rung=name, dtype="bf16", B=B, H=H, Hkv=HKV, Nq=Nq, Nk=Nk, d=D, causal=0,
                    time_ms_median=med, time_ms_min=min(t[1] for t in per_round[name]),
                    time_ms_max=max(t[2] for t in per_round[name]), tflops=flops / (med * 1e-3) / 1e12,

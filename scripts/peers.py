@@ -215,6 +215,12 @@ def reference_rows(B, H, Nq, Nk, d):
     return rows
 
 
+def rel_diff(x, ref):
+    """Relative Frobenius difference of x from ref, in fp32 (two kernels' outputs)."""
+    ref = ref.float()
+    return ((x.float() - ref).norm() / ref.norm()).item()
+
+
 def reference_error(q, k, v, o, causal, scale):
     """Relative Frobenius error of O against an fp64 reference on the harness's rows."""
     B, H, Nq, d = q.shape

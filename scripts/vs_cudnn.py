@@ -54,42 +54,43 @@ def summarize(rung_ms, peer_ms):
     return r, p, p / r, min(per_round), max(per_round)
 
 
-def relative_diff(x, ref):
-    ref = ref.float()
-    return ((x.float() - ref).norm() / ref.norm()).item()
-
-
-def setup_forward(rung, q, k, v, dout, causal):
-    """The two forward calls and the relative difference of their O (the bound checked)."""
+def peer_forward(q, k, v, dout, causal):
+    """cuDNN's forward call and its output, what each rung's O is checked against."""
     cudnn = peers.attention_call(peers.SDPBackend.CUDNN_ATTENTION, q, k, v, causal, None)
+    with torch.no_grad():
+        return cudnn, [cudnn()]
 
+
+def rung_forward(rung, q, k, v, dout, causal, want):
+    """The rung's forward call and the relative difference of its O from cuDNN's (the bound checked)."""
     def ours():
         with torch.no_grad():
             return attn_ladder.run(rung, q, k, v, causal=bool(causal))
 
-    o = call_or_exit(ours, rung, q, causal)
-    with torch.no_grad():
-        diff = relative_diff(o, cudnn())
-    return ours, cudnn, check_diff(diff, rung, q, causal)
+    got = [call_or_exit(ours, rung, q, causal)]
+    return ours, check_diff(got, want, rung, q, causal)
 
 
-def setup_backward(rung, q, k, v, dout, causal):
-    """The two backward calls (each given its own forward's outputs) and the largest relative
-    difference of their dQ, dK, dV."""
-    o, lse = call_or_exit(lambda: attn_ladder.run(rung, q, k, v, causal=bool(causal), return_lse=True), rung, q, causal)
-
-    def ours():
-        return attn_ladder._capi.run_backward(rung, q, k, v, o, lse, dout, causal=bool(causal))
-
+def peer_backward(q, k, v, dout, causal):
+    """cuDNN's backward (torch.autograd.grad through one cuDNN forward) and its dQ, dK, dV."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     o_ref = peers.attention_call(peers.SDPBackend.CUDNN_ATTENTION, *leaves, causal, None)()
 
     def cudnn():
         return torch.autograd.grad(o_ref, leaves, dout, retain_graph=True)
 
-    mine = call_or_exit(ours, rung, q, causal)
-    diff = max(relative_diff(x, ref) for x, ref in zip(mine, cudnn()))
-    return ours, cudnn, check_diff(diff, rung, q, causal)
+    return cudnn, list(cudnn())
+
+
+def rung_backward(rung, q, k, v, dout, causal, want):
+    """The rung's backward call, given its own forward's O and lse, and the largest relative
+    difference of its dQ, dK, dV from cuDNN's."""
+    o, lse = call_or_exit(lambda: attn_ladder.run(rung, q, k, v, causal=bool(causal), return_lse=True), rung, q, causal)
+
+    def ours():
+        return attn_ladder._capi.run_backward(rung, q, k, v, o, lse, dout, causal=bool(causal))
+
+    return ours, check_diff(call_or_exit(ours, rung, q, causal), want, rung, q, causal)
 
 
 def call_or_exit(call, rung, q, causal):
@@ -99,7 +100,9 @@ def call_or_exit(call, rung, q, causal):
         sys.exit(f"vs_cudnn.py: {rung} refuses d={q.shape[3]} N={q.shape[2]} causal={causal}: {e}")
 
 
-def check_diff(diff, rung, q, causal):
+def check_diff(got, want, rung, q, causal):
+    """The largest relative difference of the rung's outputs from cuDNN's; exits past the bound."""
+    diff = max(peers.rel_diff(x, ref) for x, ref in zip(got, want))
     if not diff <= O_DIFF_BOUND:
         sys.exit(f"vs_cudnn.py: {rung} and cuDNN disagree at d={q.shape[3]} N={q.shape[2]} causal={causal}: "
                  f"relative difference {diff:.2e} > {O_DIFF_BOUND}")
@@ -145,6 +148,7 @@ def main(argv=None):
             writer.writeheader()
     what = "backward" if a.backward else "forward"
     rungs = a.rung.split(",")
+    peer_setup, rung_setup = (peer_backward, rung_backward) if a.backward else (peer_forward, rung_forward)
     print(f"{', '.join(rungs)} against torch_cudnn ({what}), {a.rounds} rounds each, in turns, on {gpu}")
     print(f"{'rung':>18} {'d':>4} {'N':>6} {'causal':>6} {'rung ms':>9} {'cuDNN ms':>9} {'speedup':>8} {'rounds':>13}")
     for d in map(int, a.d.split(",")):
@@ -153,17 +157,19 @@ def main(argv=None):
             q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             dout = torch.randn_like(q) if a.backward else None
             for causal in causals:
-                make = setup_backward if a.backward else setup_forward
+                peer, want = peer_setup(q, k, v, dout, causal)  # once per problem, shared by the rungs
                 calls, diffs = {}, {}
                 for rung in rungs:
-                    calls[rung], calls["peer"], diffs[rung] = make(rung, q, k, v, dout, causal)
+                    calls[rung], diffs[rung] = rung_setup(rung, q, k, v, dout, causal, want)
+                calls["peer"] = peer
+                del want
                 times, mhz = {name: [] for name in calls}, {name: None for name in calls}
                 for i in range(a.rounds):
                     order = list(calls.items())
                     for name, call in order if i % 2 == 0 else order[::-1]:
                         times[name].append(peers.time_call(call, a.repeats, flush, "flushed")[0])
                         mhz[name] = sm_clock_mhz()
-                del calls
+                del calls, peer
                 suffix = "_bwd" if a.backward else ""
                 for rung in rungs:
                     r, p, s, lo, hi = summarize(times[rung], times["peer"])

@@ -246,7 +246,7 @@ TEST(Backward, StagesDeclareIt) {
   EXPECT_TRUE(find_stage("05_fa2_reordered").has_backward());
   EXPECT_FALSE(find_stage("05_fa2_decode").has_backward());  // copies of 05 stay forward only
   // 06d_fa3's backward (the last step's kernel) and the steps 06e-06o at d = 64 and 128,
-  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k -> 06l -> 06m -> 06n; 06d's ablations stay
+  // chained 06e -> 06f -> 06g -> 06h -> 06i -> 06j -> 06k -> 06l -> 06m -> 06n -> 06o; 06d's ablations stay
   // forward only.
   EXPECT_EQ(find_stage("06d_fa3").backward_head_dims, (std::vector<int>{64, 128}));
   EXPECT_EQ(find_stage("06e_bwd_wgmma").backward_head_dims, (std::vector<int>{64, 128}));   // 06e
