@@ -127,7 +127,9 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
     bool valid = key < Nk;
     int64_t offset = 0;
     if (valid) {
-      const int entry = shift_or_divide(key, p.page_shift, p.page_size);
+      // shift_or_divide spelled out: through the helper ptxas emits six more instructions per
+      // row here (cuobjdump, d = 128), and this path runs per row of every block.
+      const int entry = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
       const int slot = key - entry * p.page_size, page = __ldg(pages + entry);
       valid = is_page(p, page);
       offset = valid ? (int64_t(page) * p.page_size + slot) * row_stride + column : 0;
