@@ -85,39 +85,64 @@ __device__ __forceinline__ void mask_decode_tile(float (&S_ij)[Frag<Cfg>::kM][Fr
     }
 }
 
-// cp.async keys [first_key, first_key + kRows) of KV head `head` of one sequence of the paged
-// cache into the K and V tiles, as load_tile does for a contiguous [Nk, d] matrix: key n at
-// page pages[n / page_size], slot n % page_size, rows Hkv * d apart. Keys at or past Nk, and
-// keys whose table entry is not a page index, are zero-filled and never read: each copy checks
-// its own page, so the copies need not wait for the CTA's check of the whole table.
-//
-// The address work runs in every warp once per block, and every warp of the narrow tile also
-// computes its share of the block's math, so what it adds here lengthens every block. Hence
-// two paths. A block in one page (page_size a power-of-two multiple of kRows;
-// first_key is a multiple of kRows): one block-table entry, then rows at a fixed stride as in
-// the contiguous copy. Otherwise a lookup per row, by shift and mask where page_size is a power
-// of two (page_shift >= 0), by division where not.
+// What a thread's paged copies share across blocks, computed once per CTA (paged_copy): the
+// byte address of its 16-byte chunk of this KV head's columns in page 0, slot 0 of each cache,
+// and the bytes from one slot and one page to the next.
+struct PagedCopy {
+  const char* k;
+  const char* v;
+  int64_t slot_bytes;  // Hkv * d elements: one token's K (or V) row of the cache
+  int64_t page_bytes;  // page_size slots
+  int slot_mask;       // page_size - 1 (used where page_size is a power of two)
+  bool whole_blocks;   // page_size a power-of-two multiple of kRows: each block in one page
+};
+
 template <class Cfg, int kRows, typename T>
-__device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const DecodeParams<T>& p, const int* pages,
-                                                 int head, int first_key, int Nk) {
+__device__ __forceinline__ PagedCopy paged_copy(const DecodeParams<T>& p, int head) {
+  constexpr int kChunksPerRow = Cfg::kD / kChunkElems;
+  const int64_t column = (int64_t(head) * Cfg::kD + (threadIdx.x % kChunksPerRow) * kChunkElems) * int64_t(sizeof(T));
+  PagedCopy c;
+  c.k = reinterpret_cast<const char*>(p.k) + column;
+  c.v = reinterpret_cast<const char*>(p.v) + column;
+  c.slot_bytes = int64_t(p.Hkv) * Cfg::kD * int64_t(sizeof(T));
+  c.page_bytes = c.slot_bytes * p.page_size;
+  c.slot_mask = p.page_size - 1;
+  c.whole_blocks = p.page_shift >= 0 && p.page_size % kRows == 0;
+  return c;
+}
+
+// cp.async keys [first_key, first_key + kRows) of one KV head of one sequence of the paged
+// cache into the K and V tiles, as load_tile does for a contiguous [Nk, d] matrix: key n at
+// page pages[n / page_size], slot n % page_size. Keys at or past Nk, and keys whose table
+// entry is not a page index, are zero-filled and never read: each copy checks its own page,
+// so the copies need not wait for the CTA's check of the whole table.
+//
+// The address work is what the paged copy adds to the contiguous one, and where the grid
+// puts one narrow CTA (one warp per scheduler) on an SM, nothing hides its latency: every
+// instruction of it lengthens the kernel. Hence the work shared by every block is done once
+// (PagedCopy), and two paths. A block in one page (whole_blocks; first_key is a multiple of
+// kRows): one table entry, one byte offset, then rows a fixed stride apart as in the contiguous
+// copy. Otherwise a lookup per row, by shift and mask where page_size is a power of two
+// (page_shift >= 0), by division where not.
+template <class Cfg, int kRows, typename T>
+__device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const DecodeParams<T>& p, const PagedCopy& c,
+                                                 const int* pages, int first_key, int Nk) {
   constexpr int kChunksPerRow = Cfg::kD / kChunkElems;
   constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
   static_assert(Cfg::kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "tile splits evenly over threads");
   static_assert((kRows & (kRows - 1)) == 0, "a block of kRows keys fits a power-of-two page");
   const int r0 = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
-  const int64_t row_stride = int64_t(p.Hkv) * Cfg::kD;
-  const int64_t column = int64_t(head) * Cfg::kD + chunk * kChunkElems;
-  if (p.page_shift >= 0 && (1 << p.page_shift) % kRows == 0 && first_key + kRows <= Nk) {
+  if (c.whole_blocks && first_key + kRows <= Nk) {
     const int page = __ldg(pages + (first_key >> p.page_shift));
     const bool valid = is_page(p, page);
-    const int64_t row0 = (int64_t(valid ? page : 0) << p.page_shift) + (first_key & ((1 << p.page_shift) - 1)) + r0;
-    const T* k = p.k + row0 * row_stride + column;
-    const T* v = p.v + row0 * row_stride + column;
+    const int64_t at = uint64_t(unsigned(valid ? page : 0)) * c.page_bytes + uint64_t(unsigned((first_key & c.slot_mask) + r0)) * c.slot_bytes;
+    const char* k = c.k + at;
+    const char* v = c.v + at;
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
       const int dst = tile_offset<Cfg>(r0 + pass * kRowsPerPass, chunk);
-      ptx::cp_async_16(ptx::smem_u32(k_tile + dst), k + pass * kRowsPerPass * row_stride, valid);
-      ptx::cp_async_16(ptx::smem_u32(v_tile + dst), v + pass * kRowsPerPass * row_stride, valid);
+      ptx::cp_async_16(ptx::smem_u32(k_tile + dst), k + pass * kRowsPerPass * c.slot_bytes, valid);
+      ptx::cp_async_16(ptx::smem_u32(v_tile + dst), v + pass * kRowsPerPass * c.slot_bytes, valid);
     }
     return;
   }
@@ -125,18 +150,18 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const int row = r0 + pass * kRowsPerPass, key = first_key + row;
     bool valid = key < Nk;
-    int64_t offset = 0;
+    int64_t at = 0;
     if (valid) {
       // shift_or_divide spelled out: through the helper ptxas emits six more instructions per
       // row here (cuobjdump, d = 128), and this path runs per row of every block.
       const int entry = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
       const int slot = key - entry * p.page_size, page = __ldg(pages + entry);
       valid = is_page(p, page);
-      offset = valid ? (int64_t(page) * p.page_size + slot) * row_stride + column : 0;
+      at = valid ? uint64_t(unsigned(page)) * c.page_bytes + uint64_t(unsigned(slot)) * c.slot_bytes : 0;
     }
     const int dst = tile_offset<Cfg>(row, chunk);
-    ptx::cp_async_16(ptx::smem_u32(k_tile + dst), p.k + offset, valid);
-    ptx::cp_async_16(ptx::smem_u32(v_tile + dst), p.v + offset, valid);
+    ptx::cp_async_16(ptx::smem_u32(k_tile + dst), c.k + at, valid);
+    ptx::cp_async_16(ptx::smem_u32(v_tile + dst), c.v + at, valid);
   }
 }
 
@@ -252,8 +277,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
   int len = 0, first_page = 0, end_page = 0;  // paged: seq_lens[b] as given; the split's table columns
   // Column c of the table, holding `entry`, is a fault: it holds one of the sequence's keys but
   // names no page. `&`, not `&&`: with a short circuit ptxas moves the entry's load under the
-  // length's test, and the load then waits for len's.
-  auto fault = [&](int c, int entry) { return (int64_t(c) * p.page_size < len) & !is_page(p, entry); };
+  // length's test, and the load then waits for len's. c < max_pages, so c * page_size is below
+  // the capacity, which check_paged keeps within an int.
+  auto fault = [&](int c, int entry) { return (c * p.page_size < len) & !is_page(p, entry); };
   if constexpr (kPaged) {
     // The check: the length, then every page index this CTA's keys use (entries past a
     // sequence's length may hold anything and are not faults). The entries' loads do not wait
@@ -314,10 +340,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) fa2_decode_split_kernel(const D
     }
   }
 
+  PagedCopy copy{};
+  if constexpr (kPaged) copy = paged_copy<Cfg, B_c>(p, head);
   // Rows past R and keys past Nk are zero-filled (load_tile); the mask drops those keys.
   auto load_kv = [&](int slot, int j) {  // K_j and V_j into ring slot `slot`
     if constexpr (kPaged) {
-      load_paged_tiles<Cfg, B_c>(sm.sK + slot * kTileKV, sm.sV + slot * kTileKV, p, pages, head, (j0 + j) * B_c, Nk);
+      load_paged_tiles<Cfg, B_c>(sm.sK + slot * kTileKV, sm.sV + slot * kTileKV, p, copy, pages, (j0 + j) * B_c, Nk);
     } else {
       load_tile<Cfg, B_c>(sm.sK + slot * kTileKV, K, (j0 + j) * B_c, p.Nk);
       load_tile<Cfg, B_c>(sm.sV + slot * kTileKV, V, (j0 + j) * B_c, p.Nk);
