@@ -135,7 +135,9 @@ __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const Dec
   if (c.whole_blocks && first_key + kRows <= Nk) {
     const int page = __ldg(pages + (first_key >> p.page_shift));
     const bool valid = is_page(p, page);
-    const int64_t at = uint64_t(unsigned(valid ? page : 0)) * c.page_bytes + uint64_t(unsigned((first_key & c.slot_mask) + r0)) * c.slot_bytes;
+    // page and slot are >= 0: zero-extended (unsigned), the products skip a sign extension each
+    const unsigned slot = (first_key & c.slot_mask) + r0;
+    const int64_t at = uint64_t(unsigned(valid ? page : 0)) * c.page_bytes + uint64_t(slot) * c.slot_bytes;
     const char* k = c.k + at;
     const char* v = c.v + at;
 #pragma unroll
