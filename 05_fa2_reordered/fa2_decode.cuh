@@ -545,13 +545,13 @@ void launch_decode_tile(const AttnProblem& p, const AttnTensors& t, const PagedK
   prm.scale_log2 = prm.scale * static_cast<float>(M_LOG2E);
   prm.rescale_log2 = kRescaleLog2;
   prm.Hkv = p.Hkv;
-  prm.hkv_shift = p.Hkv > 0 && (p.Hkv & (p.Hkv - 1)) == 0 ? __builtin_ctz(unsigned(p.Hkv)) : -1;
+  prm.hkv_shift = shift_for(p.Hkv);
   if (kv) {
     prm.block_table = kv->block_table;
     prm.seq_lens = kv->seq_lens;
     prm.num_pages = kv->num_pages;
     prm.page_size = kv->page_size;
-    prm.page_shift = (kv->page_size & (kv->page_size - 1)) == 0 ? __builtin_ctz(unsigned(kv->page_size)) : -1;
+    prm.page_shift = shift_for(kv->page_size);
     prm.max_pages = kv->max_pages;
     prm.error = static_cast<PagedErrorWord*>(t.workspace);  // every record rewritten: nothing to zero
   }

@@ -237,10 +237,14 @@ struct PagedKV {
 constexpr int kPageSizeMin = 1;  // any page size works (each row looks its page up); 16-256 is the usual range
 constexpr int kPageSizeMax = 1 << 16;
 
+// log2(n) where n > 0 is a power of two, else -1: the page size's and H_kv's shifts, which the
+// kernel takes instead of a division where they are >= 0 (fa2_decode.cuh: shift_or_divide).
+inline int shift_for(int n) { return n > 0 && (n & (n - 1)) == 0 ? __builtin_ctz(unsigned(n)) : -1; }
+
 // Bad tables and lengths are found on the device (the host cannot read them without a
 // synchronization a CUDA graph forbids). Each CTA checks its sequence's length and every page
-// index its keys use before it loads a key; a bad one is never dereferenced: the CTA writes NaN
-// (O and lse). The faults land in records at the head of the workspace, one per (sequence b,
+// index its keys use, and each copy checks its own page: a bad one is never dereferenced, and
+// the CTA writes NaN (O and lse). The faults land in records at the head of the workspace, one per (sequence b,
 // split s), each written by the first CTA of that pair (KV head 0, row block 0) whether it found
 // a fault or not. So the launch zeroes nothing: a memset before the kernel would be one more
 // node in a graph, about a microsecond and a half of a short step. decode_paged_check reads the

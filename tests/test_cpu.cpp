@@ -397,6 +397,11 @@ TEST(Fa2Decode, SplitsFillWholeWavesWithEnoughKeysEach) {
 
 TEST(Fa2Decode, PagedWorkspaceAndErrorMessages) {
   using namespace attn::fa2;
+  // The shifts the kernel takes for the page size and H_kv: -1 where it must divide.
+  EXPECT_EQ(shift_for(1), 0);
+  EXPECT_EQ(shift_for(64), 6);
+  EXPECT_EQ(shift_for(1 << 16), 16);
+  for (int n : {0, -8, 3, 48, 100}) EXPECT_EQ(shift_for(n), -1) << n;
   AttnProblem p = tiny(1, 64 * 100, 128, false, 32, 8);  // capacity: 100 pages of 64
   const DecodeSplit s = decode_split(p, h100_like());
   EXPECT_EQ(decode_paged_workspace_bytes(p, s), paged_header_bytes(p.B, s.splits) + decode_workspace_bytes(p, s));
