@@ -244,9 +244,9 @@ inline int shift_for(int n) { return n > 0 && (n & (n - 1)) == 0 ? __builtin_ctz
 // Bad tables and lengths are found on the device (the host cannot read them without a
 // synchronization a CUDA graph forbids). Each CTA checks its sequence's length and every page
 // index its keys use, and each copy checks its own page: a bad one is never dereferenced, and
-// the CTA writes NaN (O and lse). The faults land in records at the head of the workspace, one per (sequence b,
-// split s), each written by the first CTA of that pair (KV head 0, row block 0) whether it found
-// a fault or not. So the launch zeroes nothing: a memset before the kernel would be one more
+// the CTA writes NaN (O and lse). The faults land in records at the head of the workspace, one
+// per (sequence b, split s), each written by the first CTA of that pair (KV head 0, row block
+// 0) whether it found a fault or not. So the launch zeroes nothing: a memset before the kernel would be one more
 // node in a graph, about a microsecond and a half of a short step. decode_paged_check reads the
 // records after the work is done and reports the first fault (lowest b, then lowest column).
 enum PagedError : int { kBadLength = 1, kLengthBeyondPages = 2, kPageOutOfRange = 4 };
