@@ -246,9 +246,10 @@ inline int shift_for(int n) { return n > 0 && (n & (n - 1)) == 0 ? __builtin_ctz
 // index its keys use, and each copy checks its own page: a bad one is never dereferenced, and
 // the CTA writes NaN (O and lse). The faults land in records at the head of the workspace, one
 // per (sequence b, split s), each written by the first CTA of that pair (KV head 0, row block
-// 0) whether it found a fault or not. So the launch zeroes nothing: a memset before the kernel would be one more
-// node in a graph, about a microsecond and a half of a short step. decode_paged_check reads the
-// records after the work is done and reports the first fault (lowest b, then lowest column).
+// 0) whether it found a fault or not. So the launch zeroes nothing: a memset before the kernel
+// would be one more node in a graph, about a microsecond and a half of a short step.
+// decode_paged_check reads the records after the work is done and reports the first fault
+// (lowest b, then lowest column).
 enum PagedError : int { kBadLength = 1, kLengthBeyondPages = 2, kPageOutOfRange = 4 };
 struct PagedErrorWord {
   int flags;     // one PagedError bit, or 0: no fault
