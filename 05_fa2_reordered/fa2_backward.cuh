@@ -90,7 +90,7 @@ template <int kD>
 constexpr int kPrepassLanes = kD / kChunkElems;
 constexpr int kPrepassThreads = 256;
 
-// D_r (line 1, README §8) for every row r of [B, H, Nq], and the row's dQ_acc zeroed (the
+// D_r (line 1, README §8) for every row r of [B, H, Nq], then the whole dQ_acc zeroed (the
 // main kernel only adds to it) when there is one. The loop is uniform per warp, so every lane is in the shuffles.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const BwdParams<T> p, int64_t rows) {
@@ -109,15 +109,15 @@ __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const Bw
       const T* O_e = reinterpret_cast<const T*>(&O8);
 #pragma unroll  // LAB:BEGIN 05b.rowsum_do_o
       for (int e = 0; e < kChunkElems; ++e) dot += to_float(dO_e[e]) * to_float(O_e[e]);  // LAB:END
-      if (p.dq_acc) {  // the row's 8 columns of this chunk: 8 consecutive floats
-        float4* acc = reinterpret_cast<float4*>(
-            p.dq_acc + dq_acc_index<kD>(row / p.Nq, int(row % p.Nq), chunk * kChunkElems, p.Nq));
-        acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
     }
     dot = group_sum<kLanes>(dot);
     if (row < rows && chunk == 0) p.D[row] = dot;
   }
+  // dQ_acc = 0, padding rows too, in address order: a warp's float4 stores cover 512 contiguous
+  // bytes (by rows, a lane's 32 bytes land in 8 x 8 blocks that other warps complete).
+  const int64_t acc4 = rows / p.Nq * dq_acc_rows(p.Nq) * kD / 4, step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p.dq_acc && i < acc4; i += step)
+    reinterpret_cast<float4*>(p.dq_acc)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // ---------------------------------------------------------------- lines 5-17: one K/V block
