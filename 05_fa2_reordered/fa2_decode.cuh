@@ -120,10 +120,10 @@ __device__ __forceinline__ PagedCopy paged_copy(const DecodeParams<T>& p, int he
 // The address work is what the paged copy adds to the contiguous one, and where the grid
 // puts one narrow CTA (one warp per scheduler) on an SM, no other warp hides its latency
 // (decode.md measures what it costs, and what B = 1 loses besides). Hence the work shared by
-// every block is done once (PagedCopy), and two paths. A block in one page (whole_blocks; first_key is a multiple of
-// kRows): one table entry, one byte offset, then rows a fixed stride apart as in the contiguous
-// copy. Otherwise a lookup per row, by shift and mask where page_size is a power of two
-// (page_shift >= 0), by division where not.
+// every block is done once (PagedCopy), and two paths. A block in one page (whole_blocks;
+// first_key is a multiple of kRows): one table entry, one byte offset, then rows a fixed stride
+// apart as in the contiguous copy. Otherwise a lookup per row, by shift and mask where
+// page_size is a power of two (page_shift >= 0), by division where not.
 template <class Cfg, int kRows, typename T>
 __device__ __forceinline__ void load_paged_tiles(T* k_tile, T* v_tile, const DecodeParams<T>& p, const PagedCopy& c,
                                                  const int* pages, int first_key, int Nk) {
