@@ -91,9 +91,10 @@ constexpr int kPrepassLanes = kD / kChunkElems;
 constexpr int kPrepassThreads = 256;
 
 // D_r (line 1, README §8) for every row r of [B, H, Nq], then the whole dQ_acc zeroed (the
-// main kernel only adds to it) when there is one. The loop is uniform per warp, so every lane is in the shuffles.
+// main kernel only adds to it) when there is one. The loop is uniform per warp, so every lane
+// is in the shuffles. A device function: 06o's pre-pass zeroes more in the same launch.
 template <typename T, int kD>
-__global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const BwdParams<T> p, int64_t rows) {
+__device__ __forceinline__ void prepass(const BwdParams<T>& p, int64_t rows) {
   constexpr int kLanes = kPrepassLanes<kD>, kRowsPerWarp = 32 / kLanes;
   const int lane = threadIdx.x % 32, chunk = lane % kLanes;
   const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -118,6 +119,11 @@ __global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const Bw
   const int64_t acc4 = rows / p.Nq * dq_acc_rows(p.Nq) * kD / 4, step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p.dq_acc && i < acc4; i += step)
     reinterpret_cast<float4*>(p.dq_acc)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kPrepassThreads) fa2_backward_prepass(const BwdParams<T> p, int64_t rows) {
+  prepass<T, kD>(p, rows);
 }
 
 // ---------------------------------------------------------------- lines 5-17: one K/V block
@@ -445,12 +451,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm) fa2_backwar
 
 // ---------------------------------------------------------------- dQ = scale dQ_acc
 
-// One thread per 8-element chunk of dQ (row-major), read from dQ_acc's 8 consecutive floats.
+// One thread per 8-element chunk of dQ (row-major), read from dQ_acc's 8 consecutive floats;
+// chunks first, first + stride, ... (a device function: 06o's post-pass has blocks of its own).
 template <typename T, int kD>
-__global__ void fa2_backward_convert_dq(const float* __restrict__ dq_acc, T* __restrict__ dq, int64_t chunks, int Nq,
-                                        float scale) {
+__device__ __forceinline__ void convert_dq(const float* __restrict__ dq_acc, T* __restrict__ dq, int64_t chunks,
+                                           int Nq, float scale, int64_t first, int64_t stride) {
   constexpr int kChunksPerRow = kD / kChunkElems;
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t c = first; c < chunks; c += stride) {
     const int64_t row = c / kChunksPerRow;
     const float* src = dq_acc + dq_acc_index<kD>(row / Nq, int(row % Nq), int(c % kChunksPerRow) * kChunkElems, Nq);
     const float4 lo = reinterpret_cast<const float4*>(src)[0];
@@ -462,6 +469,13 @@ __global__ void fa2_backward_convert_dq(const float* __restrict__ dq_acc, T* __r
     out.w = pack2<T>(scale * hi.z, scale * hi.w);
     reinterpret_cast<uint4*>(dq)[c] = out;
   }
+}
+
+template <typename T, int kD>
+__global__ void fa2_backward_convert_dq(const float* __restrict__ dq_acc, T* __restrict__ dq, int64_t chunks, int Nq,
+                                        float scale) {
+  convert_dq<T, kD>(dq_acc, dq, chunks, Nq, scale, blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+                    int64_t(gridDim.x) * blockDim.x);
 }
 
 // ---------------------------------------------------------------- the dQ pass (separate_pass)

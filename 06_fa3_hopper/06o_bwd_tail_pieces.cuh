@@ -7,8 +7,8 @@
 // ceil(tail · pieces / S) rounds of n / pieces steps (tail_plan picks the count, with what a
 // CTA costs beyond its steps). A piece holds a part of dK_j and dV_j, so it adds them to an
 // fp32 workspace (staged in the freed ring, one bulk reduction per warpgroup and matrix, as
-// dQ_i's; zeroed before the kernel) and a small kernel converts the tail's rows afterwards;
-// dQ_i is added by every step as before. With the mask 06m's order already ends on the
+// dQ_i's; zeroed by the pre-pass) and the post-pass converts the tail's rows beside dQ; dQ_i
+// is added by every step as before. With the mask 06m's order already ends on the
 // shortest CTAs: one piece, 06n's grid. Nothing else changes.
 //
 // 06n's outline, the pieces added:
@@ -21,7 +21,7 @@
 //       ... 06k's step, Sᵀ from registers at d = 64 ...
 //     a whole tile: dK_j (× scale), dV_j -> the ring's stages, swizzled; TMA store
 //     a piece: dK_j (× scale), dV_j -> the ring's stages in fp32; bulk-added to the workspace
-//   post-pass: dQ = scale · dQ_acc; the tail's dK, dV -> T
+//   post-pass: dQ = scale · dQ_acc; the tail's dK, dV -> T (its first blocks, one launch)
 //
 // Included only by the generated instance files (06n_bwd_k_in_registers.cu.in).
 #pragma once
@@ -591,12 +591,22 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
   }
 }
 
+// 05's pre-pass, and the tail's dK, dV sums zeroed by the same grid: no launch of its own.
+template <int D, typename T>
+__global__ void __launch_bounds__(fa2::kPrepassThreads)
+    prepass_and_tail(const fa2::BwdParams<T> f, int64_t rows, float4* dkv_tail, int64_t tail4) {
+  fa2::prepass<T, D>(f, rows);
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < tail4; i += step)
+    dkv_tail[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
 // The tail's dK, dV (fp32 sums of its pieces in dQ_acc's 8 x 8 blocks, × scale already) -> T,
 // rows past Nk left alone: one block per tile of the tail, 16-byte stores of 8 columns.
 template <int D, typename T>
-__global__ void convert_tail_dkv(const float* dkv_tail, T* dk, T* dv, TileOrder order, int full_ctas, int Nk) {
+__device__ __forceinline__ void convert_tail_tile(const float* dkv_tail, T* dk, T* dv, TileOrder order, int full_ctas,
+                                                  int Nk, int tail) {
   constexpr int B_c = step06e::kBwdKeysPerCta;
-  const int tail = int(blockIdx.x);
   const TileCoord c = cta_order(order, full_ctas + tail);
   const int key0 = c.m_block * B_c;
   for (int e = int(threadIdx.x); e < 2 * B_c * D / 8; e += int(blockDim.x)) {
@@ -609,6 +619,31 @@ __global__ void convert_tail_dkv(const float* dkv_tail, T* dk, T* dv, TileOrder 
     T* out = which == 0 ? dk : dv;
     *reinterpret_cast<uint4*>(out + (int64_t(c.bh) * Nk + key0 + r) * D + col) = packed;
   }
+}
+
+// The post-pass in one launch: blocks [0, tail tiles) convert the tail's dK, dV, the rest run
+// 05's dQ conversion (dQ = scale · dQ_acc).
+struct PostPass {
+  const float* dq_acc;
+  int64_t chunks;  // of dQ's 8 elements
+  int Nq;
+  float scale;
+  const float* dkv_tail;
+  TileOrder order;
+  int full_ctas;
+  int tail_tiles;
+  int Nk;
+};
+
+template <int D, typename T>
+__global__ void convert_dq_and_tail(const __grid_constant__ PostPass pp, T* dq, T* dk, T* dv) {
+  const int b = int(blockIdx.x);
+  if (b < pp.tail_tiles) {
+    convert_tail_tile<D, T>(pp.dkv_tail, dk, dv, pp.order, pp.full_ctas, pp.Nk, b);
+    return;
+  }
+  const int64_t first = int64_t(b - pp.tail_tiles) * blockDim.x + threadIdx.x;
+  fa2::convert_dq<T, D>(pp.dq_acc, dq, pp.chunks, pp.Nq, pp.scale, first, int64_t(gridDim.x - pp.tail_tiles) * blockDim.x);
 }
 
 template <int D, typename T>
@@ -631,11 +666,12 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   const TailPlan plan = tail_plan_for(pr);
   const uintptr_t after = reinterpret_cast<uintptr_t>(t.workspace) + fa2::bwd_workspace_bytes(pr);
   float* dkv_tail = reinterpret_cast<float*>((after + kTailAlign - 1) / kTailAlign * kTailAlign);
-  if (plan.tail_tiles > 0) CUDA_CHECK(cudaMemsetAsync(dkv_tail, 0, tail_sums_bytes(plan, D), stream));
   const int64_t rows = pr.lse_elems();
   constexpr int kMaxBlocks = 8192, kRowsPerBlock = fa2::kPrepassThreads / fa2::kPrepassLanes<D>;
   const int64_t prepass_blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);
-  fa2::fa2_backward_prepass<T, D><<<unsigned(prepass_blocks), fa2::kPrepassThreads, 0, stream>>>(f, rows);
+  const int64_t tail4 = int64_t(tail_sums_bytes(plan, D) / sizeof(float4));
+  prepass_and_tail<D, T><<<unsigned(prepass_blocks), fa2::kPrepassThreads, 0, stream>>>(
+      f, rows, reinterpret_cast<float4*>(dkv_tail), tail4);
   CUDA_CHECK_LAUNCH();
 
   constexpr CUtensorMapDataType kType = tensor_map_type<T>();
@@ -666,17 +702,21 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   const int64_t ctas = plan.full_ctas + plan.tail_tiles * plan.pieces;
   fa3_backward<D, T><<<unsigned(ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
-  if (plan.tail_tiles > 0) {
-    convert_tail_dkv<D, T><<<unsigned(plan.tail_tiles), 256, 0, stream>>>(
-        dkv_tail, static_cast<T*>(t.dk), static_cast<T*>(t.dv), p.order, p.full_ctas, pr.Nk);
-    CUDA_CHECK_LAUNCH();
-  }
 
-  const int64_t chunks = pr.q_elems() / fa2::kChunkElems;
+  PostPass pp{};
+  pp.dq_acc = f.dq_acc;
+  pp.chunks = pr.q_elems() / fa2::kChunkElems;
+  pp.Nq = pr.Nq;
+  pp.scale = p.scale;
+  pp.dkv_tail = dkv_tail;
+  pp.order = p.order;
+  pp.full_ctas = p.full_ctas;
+  pp.tail_tiles = int(plan.tail_tiles);
+  pp.Nk = pr.Nk;
   constexpr int kConvertThreads = 256;
-  const int64_t convert_blocks = std::min<int64_t>((chunks + kConvertThreads - 1) / kConvertThreads, kMaxBlocks);
-  fa2::fa2_backward_convert_dq<T, D><<<unsigned(convert_blocks), kConvertThreads, 0, stream>>>(
-      f.dq_acc, static_cast<T*>(t.dq), chunks, pr.Nq, p.scale);
+  const int64_t convert_blocks = std::min<int64_t>((pp.chunks + kConvertThreads - 1) / kConvertThreads, kMaxBlocks);
+  convert_dq_and_tail<D, T><<<unsigned(pp.tail_tiles + convert_blocks), kConvertThreads, 0, stream>>>(
+      pp, static_cast<T*>(t.dq), static_cast<T*>(t.dk), static_cast<T*>(t.dv));
   CUDA_CHECK_LAUNCH();
 }
 
