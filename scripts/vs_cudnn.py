@@ -5,17 +5,22 @@ The ladder's tables time the rungs (attn_bench) and the peers (peers.py) in two 
 after the other: each number is fair, but a ratio between them also carries whatever the
 two sweeps did differently (the clock under the power cap after different preceding work).
 Here, per problem, the rung (attn_ladder.run, the plain C API call) and cuDNN are timed in
-`--rounds` rounds, one right after the other, the order swapped every round, each with
-peers.py's time_call (0.3 s warm-up, L2 flushed before each call, median). Reported: the
-median over rounds of each, their ratio (> 1: the rung is faster), and the lowest and
-highest ratio of a single round. Before timing, the rung's O is compared with cuDNN's.
+`--rounds` rounds, call by call in alternation (time_interleaved: a joint 0.3 s warm-up, then
+per turn an L2 flush and an event-timed call of each; the median of each), which of the two
+goes first swapped every round. Interleaved calls share one window of the GPU's clock under
+the power cap; timed as two blocks, one after the other, each block inherits what ran before
+it, and with several rungs the one that follows a cooler kernel (rung 05's mma.sync) is
+favoured. With several rungs, each rung has its own cuDNN times, interleaved with its own.
+Reported: the median over rounds of each, their ratio (> 1: the rung is faster), and the
+lowest and highest ratio of a single round. Before timing, the rung's O is compared with
+cuDNN's.
 
 --backward: the same for the backward pass alone, given O and lse: the rung's backward
 (attn_ladder's run_backward on its own forward's O and lse) against
 torch.autograd.grad through one cuDNN forward (peers.py --backward's call); the column
 o_diff then holds the largest relative difference of dQ, dK, dV from cuDNN's. The printed
-line adds the SM clock NVML saw after each side's last timing (MHz, where torch can read it):
-a kernel that draws more power runs at a lower clock under the power cap.
+line adds the SM clock NVML saw after the rung's last round (MHz, where torch can read it):
+a pair that draws more power runs at a lower clock under the power cap.
 
     scripts/vs_cudnn.py --rung 06d_fa3 --d 64,128 --n 4096,8192,16384 --causal both \\
                         --csv results/<gpu>/vs_cudnn.csv
@@ -30,11 +35,12 @@ import csv
 import pathlib
 import statistics
 import sys
+import time
 
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import peers  # noqa: E402  (time_call, attention_call, L2Flush, gpu_name, git_sha)
+import peers  # noqa: E402  (warm-up and limits, attention_call, L2Flush, gpu_name, git_sha)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "python"))
 import attn_ladder  # noqa: E402
@@ -52,6 +58,40 @@ def summarize(rung_ms, peer_ms):
     per_round = [p / r for r, p in zip(rung_ms, peer_ms)]
     r, p = statistics.median(rung_ms), statistics.median(peer_ms)
     return r, p, p / r, min(per_round), max(per_round)
+
+
+def event_time(call):
+    """One call's time (ms) between two CUDA events, waited for."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def time_interleaved(calls, repeats, flush, timer=event_time, sync=None):
+    """Each call's median time (ms) over `repeats` turns; a turn runs every call once, in order,
+    each after an L2 flush. Warm-up as peers.time_call's, every call in each of its turns. Stops
+    once the timed calls pass peers.MAX_SECONDS per call and each has 3 times."""
+    sync = sync or torch.cuda.synchronize
+    warm_start = time.perf_counter()
+    for _ in range(peers.WARMUP):
+        for call in calls:
+            call()
+    sync()
+    while time.perf_counter() - warm_start < peers.WARM_SECONDS:
+        for call in calls:
+            call()
+        sync()
+    times = [[] for _ in calls]
+    for _ in range(repeats):
+        for call, own in zip(calls, times):
+            flush()
+            own.append(timer(call))
+        if sum(map(sum, times)) * 1e-3 > peers.MAX_SECONDS * len(calls) and len(times[0]) >= 3:
+            break
+    return [statistics.median(own) for own in times]
 
 
 def peer_forward(q, k, v, dout, causal):
@@ -161,18 +201,21 @@ def main(argv=None):
                 calls, diffs = {}, {}
                 for rung in rungs:
                     calls[rung], diffs[rung] = rung_setup(rung, q, k, v, dout, causal, want)
-                calls["peer"] = peer
                 del want
-                times, mhz = {name: [] for name in calls}, {name: None for name in calls}
+                times = {rung: ([], []) for rung in rungs}  # the rung's, its own cuDNN's
+                mhz = {rung: None for rung in rungs}
                 for i in range(a.rounds):
-                    order = list(calls.items())
-                    for name, call in order if i % 2 == 0 else order[::-1]:
-                        times[name].append(peers.time_call(call, a.repeats, flush, "flushed")[0])
-                        mhz[name] = sm_clock_mhz()
+                    for rung in rungs:
+                        pair = (calls[rung], peer) if i % 2 == 0 else (peer, calls[rung])
+                        got = time_interleaved(pair, a.repeats, flush)
+                        ours, theirs = got if i % 2 == 0 else got[::-1]
+                        times[rung][0].append(ours)
+                        times[rung][1].append(theirs)
+                        mhz[rung] = sm_clock_mhz()
                 del calls, peer
                 suffix = "_bwd" if a.backward else ""
                 for rung in rungs:
-                    r, p, s, lo, hi = summarize(times[rung], times["peer"])
+                    r, p, s, lo, hi = summarize(*times[rung])
                     row = {"gpu": gpu, "rung": rung + suffix, "peer": "torch_cudnn" + suffix, "dtype": "bf16", "B": B,
                            "H": H, "N": n, "d": d, "causal": causal, "rounds": a.rounds, "rung_ms": f"{r:.4f}",
                            "peer_ms": f"{p:.4f}", "speedup": f"{s:.3f}", "speedup_min": f"{lo:.3f}",
@@ -180,7 +223,7 @@ def main(argv=None):
                     if writer:
                         writer.writerow(row)
                         out.flush()
-                    clocks = f"  SM MHz {mhz[rung]} / {mhz['peer']}" if mhz["peer"] is not None else ""
+                    clocks = f"  SM MHz {mhz[rung]}" if mhz[rung] is not None else ""
                     print(f"{rung:>18} {d:>4} {n:>6} {causal:>6} {r:>9.3f} {p:>9.3f} {s:>8.3f} {lo:>6.3f}-{hi:.3f}{clocks}",
                           flush=True)
             del q, k, v, dout

@@ -28,6 +28,19 @@ def test_summarize_ratio_of_medians_and_round_extremes():
         vs_cudnn.summarize([], [])
 
 
+def test_time_interleaved_alternates_the_calls_and_keeps_their_times_apart(monkeypatch):
+    monkeypatch.setattr(vs_cudnn.peers, "WARM_SECONDS", 0.0)  # warm-up: WARMUP turns only
+    log, flushed = [], []
+    calls = [lambda: log.append("a") or "a", lambda: log.append("b") or "b"]
+    fake_ms = {"a": iter([3.0, 1.0, 2.0]), "b": iter([10.0, 30.0, 20.0])}
+    got = vs_cudnn.time_interleaved(calls, 3, lambda: flushed.append(len(log)),
+                                    timer=lambda call: next(fake_ms[call()]), sync=lambda: None)
+    warm = vs_cudnn.peers.WARMUP
+    assert log == ["a", "b"] * (warm + 3)  # warm-up turns, then timed turns, a before b in each
+    assert got == [2.0, 20.0]  # each call's own median
+    assert flushed == [2 * warm + k for k in range(6)]  # one flush before every timed call
+
+
 def skip_without_hopper_and_cudnn():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("06d_fa3 needs a Hopper GPU visible to torch")
@@ -68,4 +81,3 @@ def test_backward_in_turns_appends_rows(tmp_path):
     for r in rows[1:]:
         assert float(r["speedup"]) == pytest.approx(float(r["peer_ms"]) / float(r["rung_ms"]), rel=2e-3)
         assert float(r["o_diff"]) <= vs_cudnn.O_DIFF_BOUND
-    assert rows[1]["peer_ms"] == rows[2]["peer_ms"]  # one cuDNN timing per problem, shared by the rungs
