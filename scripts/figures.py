@@ -1228,7 +1228,7 @@ def fig_bwd_vs_cudnn(path):
     axes[0].set_ylabel("speedup over cuDNN's backward (> 1: faster)")
     axes[1].legend(fontsize=7.5, loc="lower right")
     shas = ", ".join(sorted({r["git_sha"] for r in rows}))
-    fig.suptitle("Backward passes against SDPA's cuDNN, timed in turns in one process (median of the rounds; "
+    fig.suptitle("Backward passes against SDPA's cuDNN, timed call by call in turns in one process (median of the rounds; "
                  f"band: lowest to highest round); NVIDIA H200, commits {shas}", fontsize=9.5)
     fig.tight_layout()
     save(fig, path)

@@ -263,7 +263,7 @@ def table_vs_cudnn(data, rungs, d):
                      if (r := by.get((rung, causal, n))) else "–" for n in ns]
             out.append(f"| {rung}{' causal' if causal else ''} | " + " | ".join(cells) + " |")
     r0 = rows[0]
-    what = (f"speedup over {r0['peer']} (its time / the rung's), timed in turns in one process, median of "
+    what = (f"speedup over {r0['peer']} (its time / the rung's), timed call by call in turns in one process (each rung with its own cuDNN calls), median of "
             f"{r0['rounds']} rounds (lowest–highest round); bf16, d = {d}, B·N = 16384, H = {r0['H']}")
     return out, caption(rows, [f"{data.rel}/{data.ladder_file}"], what)
 
