@@ -1200,7 +1200,7 @@ def fig_06o(path):
 
 @figure("06_fa3_hopper/figures/bwd_vs_cudnn_turns.png")
 def fig_bwd_vs_cudnn(path):
-    """The backward passes against cuDNN's, timed in turns in one process (scripts/vs_cudnn.py
+    """The backward passes against cuDNN's, timed call by call in turns (scripts/vs_cudnn.py
     --backward; results/nvidia_h200/vs_cudnn.csv): median speedup by N, the rounds' range as a band."""
     with open(REPO / "results/nvidia_h200/vs_cudnn.csv", newline="") as fh:
         rows = [r for r in csv.DictReader(fh) if r["rung"].endswith("_bwd")]

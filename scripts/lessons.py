@@ -20,8 +20,8 @@ and fp8_speed.csv of the results folder. metric is one of
                   (B, Nq) and Nk, from decode.csv and decode_peers.csv (or from=)
     context_parallel  scripts/context_parallel_bench.py's rows (with from=)
     vs_cudnn      scripts/vs_cudnn.py's rows (with from=): each rung's speedup over cuDNN timed
-                  in turns in one process, median over rounds (lowest-highest round) by N, one
-                  row per rung (and per rung, causal), at head dim d
+                  call by call in turns in one process, median over rounds (lowest-highest
+                  round) by N, one row per rung (and per rung, causal), at head dim d
     backward      TFLOPS of the backward passes (rungs named <rung>_bwd, FLOPs 2.5x the
                   forward's) by N, from backward.csv and backward_peers.csv
 causal=0 or causal=1 restricts tflops to one mask (default both). from=results/<gpu>/<file>.csv

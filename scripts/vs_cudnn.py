@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A rung against PyTorch SDPA's cuDNN backend, timed in turns in one process.
+"""A rung against PyTorch SDPA's cuDNN backend, timed call by call in turns in one process.
 
 The ladder's tables time the rungs (attn_bench) and the peers (peers.py) in two sweeps, one
 after the other: each number is fair, but a ratio between them also carries whatever the
