@@ -1,7 +1,8 @@
-"""pytest: scripts/vs_cudnn.py, a rung against SDPA's cuDNN backend timed in turns.
+"""pytest: scripts/vs_cudnn.py, a rung against SDPA's cuDNN backend timed call by call in turns.
 
 summarize's arithmetic (ratio of the medians, a single round's extremes, mismatched rounds
-refused), then short runs on the GPU: a row per problem whose speedup is its two medians'
+refused), time_interleaved's turns (with a fake timer: the calls alternate, each after a
+flush, each keeping its own times), then short runs on the GPU: a row per problem whose speedup is its two medians'
 ratio and whose O agrees with cuDNN's, and a clear exit on a head dim the rung refuses. Skips
 (with the reason) without torch, a Hopper GPU, cuDNN's SDPA backend or the built library.
 """
