@@ -90,6 +90,14 @@ template <int kD>
 constexpr int kPrepassLanes = kD / kChunkElems;
 constexpr int kPrepassThreads = 256;
 
+// dst[0, n) = 0 by the whole grid, in address order: a warp's float4 stores cover 512
+// contiguous bytes.
+__device__ __forceinline__ void zero_by_grid(float4* dst, int64_t n) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
+    dst[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
 // D_r (line 1, README §8) for every row r of [B, H, Nq], then the whole dQ_acc zeroed (the
 // main kernel only adds to it) when there is one. The loop is uniform per warp, so every lane
 // is in the shuffles. A device function: 06o's pre-pass zeroes more in the same launch.
@@ -114,11 +122,9 @@ __device__ __forceinline__ void prepass(const BwdParams<T>& p, int64_t rows) {
     dot = group_sum<kLanes>(dot);
     if (row < rows && chunk == 0) p.D[row] = dot;
   }
-  // dQ_acc = 0, padding rows too, in address order: a warp's float4 stores cover 512 contiguous
-  // bytes (by rows, a lane's 32 bytes land in 8 x 8 blocks that other warps complete).
-  const int64_t acc4 = rows / p.Nq * dq_acc_rows(p.Nq) * kD / 4, step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p.dq_acc && i < acc4; i += step)
-    reinterpret_cast<float4*>(p.dq_acc)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // dQ_acc = 0, padding rows too, in address order (by rows, a lane's 32 bytes land in 8 x 8
+  // blocks that other warps complete).
+  if (p.dq_acc) zero_by_grid(reinterpret_cast<float4*>(p.dq_acc), rows / p.Nq * dq_acc_rows(p.Nq) * kD / 4);
 }
 
 template <typename T, int kD>

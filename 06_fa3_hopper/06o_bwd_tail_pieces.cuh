@@ -596,9 +596,7 @@ template <int D, typename T>
 __global__ void __launch_bounds__(fa2::kPrepassThreads)
     prepass_and_tail(const fa2::BwdParams<T> f, int64_t rows, float4* dkv_tail, int64_t tail4) {
   fa2::prepass<T, D>(f, rows);
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < tail4; i += step)
-    dkv_tail[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  fa2::zero_by_grid(dkv_tail, tail4);
 }
 
 // The tail's dK, dV (fp32 sums of its pieces in dQ_acc's 8 x 8 blocks, × scale already) -> T,

@@ -271,6 +271,16 @@ class L2Flush:
         self.buffer.sum()
 
 
+def event_time(call):
+    """One call's time (ms) between two CUDA events, waited for."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_call(call, repeats, flush, timing="flushed"):
     """Median, min, max of `repeats` event-timed calls, each after an L2 flush (ms); stops
     after MAX_SECONDS in total once 3 runs are in, as the harness does. timing="isolated":
@@ -293,15 +303,10 @@ def time_call(call, repeats, flush, timing="flushed"):
         events[-1].synchronize()
         times = [a.elapsed_time(b) for a, b in zip(events, events[1:])]
         return statistics.median(times), min(times), max(times)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(repeats):
         if timing == "flushed":
             flush()
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(event_time(call))
         if sum(times) * 1e-3 > MAX_SECONDS and len(times) >= 3:
             break
     return statistics.median(times), min(times), max(times)

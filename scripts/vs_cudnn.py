@@ -40,7 +40,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import peers  # noqa: E402  (warm-up and limits, attention_call, L2Flush, gpu_name, git_sha)
+import peers  # noqa: E402  (event_time, warm-up and limits, attention_call, L2Flush, gpu_name, git_sha)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "python"))
 import attn_ladder  # noqa: E402
@@ -60,21 +60,11 @@ def summarize(rung_ms, peer_ms):
     return r, p, p / r, min(per_round), max(per_round)
 
 
-def event_time(call):
-    """One call's time (ms) between two CUDA events, waited for."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def time_interleaved(calls, repeats, flush, timer=event_time, sync=None):
+def time_interleaved(calls, repeats, flush, timer=None, sync=None):
     """Each call's median time (ms) over `repeats` turns; a turn runs every call once, in order,
     each after an L2 flush. Warm-up as peers.time_call's, every call in each of its turns. Stops
     once the timed calls pass peers.MAX_SECONDS per call and each has 3 times."""
-    sync = sync or torch.cuda.synchronize
+    timer, sync = timer or peers.event_time, sync or torch.cuda.synchronize
     warm_start = time.perf_counter()
     for _ in range(peers.WARMUP):
         for call in calls:
