@@ -8,14 +8,16 @@
 // CTA costs beyond its steps). A piece holds a part of dK_j and dV_j, so it adds them to an
 // fp32 workspace (staged in the freed ring, one bulk reduction per warpgroup and matrix, as
 // dQ_i's; zeroed by the pre-pass) and the post-pass converts the tail's rows beside dQ; dQ_i
-// is added by every step as before. With the mask 06m's order already ends on the
-// shortest CTAs: one piece, 06n's grid. Nothing else changes.
+// is added by every step as before. The pieces are a second grid of the same kernel compiled
+// with that epilogue (kPieces), launched beside the whole tiles' last wave: the whole tiles
+// keep 06n's instructions. With the mask 06m's order already ends on the shortest CTAs: one
+// piece, 06n's grid. Nothing else changes.
 //
 // 06n's outline, the pieces added:
 //
 //   pre-pass: D = rowsum(dO ∘ O), dQ_acc = 0; the tail's dK, dV workspace = 0
 //   one CTA per (K/V block j of B_c = 128 keys, batch, KV head), handed out heaviest first
-//   (cta_order), then `pieces` CTAs per tile of the tail; 2 consumer warpgroups of 64 keys:
+//   (cta_order); a second grid: `pieces` CTAs per tile of the tail; 2 consumer warpgroups:
 //     TMA: K_j, V_j -> shared memory once; d = 64: the warpgroup's rows of K_j -> registers
 //     for each step of the CTA's range (all of the tile's, or the piece's):
 //       ... 06k's step, Sᵀ from registers at d = 64 ...
@@ -100,13 +102,14 @@ struct Work {
   int key0, bh_kv, bh0, first_i, T_r, steps;
   int n0;    // the tile's step this CTA starts at (0 but for a piece)
   int tail;  // a piece: its tile's index in the tail (dkv_tail's rows); -1: a whole tile
+  // pieces: a CTA of the tail's grid, `pieces` CTAs per tile; else CTA x is tile x
   template <typename T>
-  __device__ Work(const BwdParams<T>& p, int B_c, int B_r) {
+  __device__ Work(const BwdParams<T>& p, int B_c, int B_r, bool pieces) {
     int x = int(blockIdx.x), piece = 0;
     tail = -1;
-    if (x >= p.full_ctas) {  // the tail: `pieces` CTAs per tile
-      tail = (x - p.full_ctas) / p.pieces;
-      piece = (x - p.full_ctas) % p.pieces;
+    if (pieces) {
+      tail = x / p.pieces;
+      piece = x % p.pieces;
       x = p.full_ctas + tail;
     }
     const TileCoord t = cta_order(p.order, x);
@@ -400,7 +403,7 @@ constexpr int kDkvStaged = 4;  // + wg: this warpgroup's dK_j, dV_j rows are in 
 // ---------------------------------------------------------------------------------------
 // A consumer warpgroup (wg = 0, 1): keys key0 + 64 wg ..., every step of the CTA.
 // ---------------------------------------------------------------------------------------
-template <class Cfg, int D, typename T, class Smem>
+template <class Cfg, int D, bool kPieces, typename T, class Smem>
 __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
   constexpr int kOps = Cfg::B_r / Cfg::kK;
   const int wg_key0 = w.key0 + wg * Cfg::kWgKeys;
@@ -514,7 +517,7 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     mbarrier_arrive(&s.empty[stage]);
   }
   bwd_timeline_mark(BwdMark::steps_done);
-  if (w.tail >= 0) {  // a piece: its sums added to the tail's workspace, converted after the kernel
+  if constexpr (kPieces) {  // a piece: its sums added to the tail's workspace, converted after the grid
     // The ring is free (as below); this warpgroup's half of it (32 KiB) holds its 64 rows of
     // dK_j, then of dV_j, in fp32, each added by one bulk reduction of the leading thread.
     named_barrier_sync(kRingFree, 2 * Cfg::kWgThreads);
@@ -565,7 +568,10 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
   bwd_timeline_mark(BwdMark::cta_done);
 }
 
-template <int D, typename T>
+// kPieces = false: the whole tiles, 06n's kernel instruction for instruction (a piece's
+// epilogue in the same kernel costs the steps' schedule 0.5-1 %: 06o_bwd.md). true: the
+// tail's pieces, a second grid launched beside the first's last wave.
+template <int D, typename T, bool kPieces>
 __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const __grid_constant__ BwdParams<T> p) {
   using Cfg = Config<D, T>;
   using Smem = SharedStorage<Cfg, T, D>;
@@ -580,15 +586,21 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
     fence_barrier_init();
   }
   __syncthreads();
-  const Work w(p, Cfg::B_c, Cfg::B_r);
+  // The whole tiles' grid lets the pieces' grid start once its last wave has (each piece
+  // then takes an SM as soon as one is free, not after the slowest CTA and a launch).
+  if constexpr (!kPieces) grid_dependents_may_launch();
+  const Work w(p, Cfg::B_c, Cfg::B_r, kPieces);
   const int wg = threadIdx.x / Cfg::kWgThreads;
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x < 32) produce<Cfg>(s, p, w);
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consume<Cfg, D>(s, p, w, wg - 1);
+    consume<Cfg, D, kPieces>(s, p, w, wg - 1);
   }
+  // A piece needs nothing the whole tiles write (dQ's adds commute), but the post-pass, an
+  // ordinary launch after this grid, reads both grids' sums: this grid ends after the other.
+  if constexpr (kPieces) grid_dependency_wait();
 }
 
 // 05's pre-pass, and the tail's dK, dV sums zeroed by the same grid: no launch of its own.
@@ -650,7 +662,8 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   static_assert(Cfg::B_r == step06k::rows_per_step(D), "stages.cu's HBM model counts these Q blocks");
   static_assert(Cfg::B_c == step06e::kBwdKeysPerCta, "the grid and refusals of stages.cu count 06e's blocks");
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg, T, D>) + alignof(SharedStorage<Cfg, T, D>);
-  configure_kernel<fa3_backward<D, T>>(Cfg::kThreads, kSmemBytes);
+  configure_kernel<fa3_backward<D, T, false>>(Cfg::kThreads, kSmemBytes);
+  configure_kernel<fa3_backward<D, T, true>>(Cfg::kThreads, kSmemBytes);
 
   // The pre-pass (D, dQ_acc = 0) and the post-pass (dQ) are 05's: the same workspace.
   fa2::BwdParams<T> f{};
@@ -697,9 +710,24 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   p.scale = pr.softmax_scale();
   p.scale_log2 = p.scale * float(M_LOG2E);
   p.order = bwd_order(pr, p.T_c, pr.causal ? l2_cache_bytes() : 0);  // no device query without the mask
-  const int64_t ctas = plan.full_ctas + plan.tail_tiles * plan.pieces;
-  fa3_backward<D, T><<<unsigned(ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  if (plan.full_ctas > 0) {  // the whole tiles (every tile with the mask or one piece)
+    fa3_backward<D, T, false><<<unsigned(plan.full_ctas), Cfg::kThreads, kSmemBytes, stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+  }
+  if (plan.tail_tiles > 0) {  // the tail's pieces: beside the whole tiles' last wave
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(plan.tail_tiles * plan.pieces));
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute beside{};
+    beside.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    beside.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &beside;
+    config.numAttrs = plan.full_ctas > 0 ? 1 : 0;  // else after the pre-pass, whose D it reads
+    CUDA_CHECK(cudaLaunchKernelEx(&config, fa3_backward<D, T, true>, p));
+    CUDA_CHECK_LAUNCH();
+  }
 
   PostPass pp{};
   pp.dq_acc = f.dq_acc;
