@@ -12,9 +12,12 @@ rest of the model is the same module with the same weights. The two default shap
 ones the Hopper-backward issue measured (4 layers each): d_model 2048, 16 heads of 128, B 4,
 T 4096; and d_model 1024, 8 heads of 128, B 2, T 16384.
 
-Per (shape, attention): the median of --repeats timed steps after --warmup (CUDA events around
-each step); prints each row as it is measured and, per shape, the ladder's speed relative to
-each SDPA backend (> 1: the ladder's step is faster). Writes --csv.
+Per shape, the attentions take turns step by step (vs_cudnn.time_interleaved: a joint warm-up,
+then --repeats turns, each timing one step of every attention between CUDA events), so that
+all run under the same clock: under the board's power cap a block of one attention's steps
+inherits the clock the block before it left (06o_bwd.md, pitfalls). Per (shape, attention): the
+median step; prints the rows and the ladder's speed relative to each SDPA backend (> 1: the
+ladder's step is faster). Writes --csv.
 """
 
 import argparse
@@ -30,6 +33,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
 import attn_ladder  # noqa: E402
 from train_compare import Block, ladder_attention  # noqa: E402  (the same pre-norm block)
+
+sys.path.insert(0, str(REPO / "scripts"))
+from vs_cudnn import time_interleaved  # noqa: E402  (the turns)
 
 SHAPES = {  # name: (layers, d_model, heads, batch, tokens)
     "2048x16h_B4_T4k": (4, 2048, 16, 4, 4096),
@@ -59,23 +65,14 @@ def sdpa(backend):
     return attend
 
 
-def time_steps(model, x, warmup, repeats):
-    """Median ms of `repeats` forward + backward steps (after `warmup`)."""
-    def step():
+def step_calls(model, x, impls):
+    """One forward + backward step of `model` on `x` per attention: a callable each."""
+    def step(attend):
+        for block in model.blocks:
+            block.attend = attend
         model.zero_grad(set_to_none=True)
         model(x).float().square().mean().backward()
-
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return [lambda attend=attend: step(attend) for _, attend in impls]
 
 
 def main(argv=None):
@@ -83,8 +80,7 @@ def main(argv=None):
     p.add_argument("--rungs", default="06d_fa3,05_fa2_reordered", help="rungs with a backward pass at d = 128")
     p.add_argument("--peers", default="cudnn,flash", help="SDPA backends to force")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"any of {', '.join(SHAPES)}")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=20, help="turns (each times one step of every attention)")
     p.add_argument("--csv", type=pathlib.Path)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -103,11 +99,9 @@ def main(argv=None):
         torch.manual_seed(0)
         model = Model(layers, d_model, heads, None).to("cuda", torch.bfloat16)
         x = torch.randn(batch, tokens, d_model, device="cuda", dtype=torch.bfloat16)
+        medians = time_interleaved(step_calls(model, x, impls), args.repeats, lambda: None)
         times = {}
-        for label, attend in impls:
-            for block in model.blocks:
-                block.attend = attend
-            ms = time_steps(model, x, args.warmup, args.repeats)
+        for (label, _), ms in zip(impls, medians):
             times[label] = ms
             print(f"[train_step] {gpu} {name} {label}: {ms:.2f} ms", flush=True)
             rows.append({"gpu": gpu, "shape": name, "layers": layers, "d_model": d_model, "heads": heads,

@@ -2,7 +2,7 @@
 
 summarize's arithmetic (ratio of the medians, a single round's extremes, mismatched rounds
 refused), time_interleaved's turns (with a fake timer: the calls alternate, each after a
-flush, each keeping its own times), then short runs on the GPU: a row per problem whose speedup is its two medians'
+flush, each keeping its own times; train_step_bench's steps on them, on the CPU), then short runs on the GPU: a row per problem whose speedup is its two medians'
 ratio and whose O agrees with cuDNN's, and a clear exit on a head dim the rung refuses. Skips
 (with the reason) without torch, a Hopper GPU, cuDNN's SDPA backend or the built library.
 """
@@ -40,6 +40,28 @@ def test_time_interleaved_alternates_the_calls_and_keeps_their_times_apart(monke
     assert log == ["a", "b"] * (warm + 3)  # warm-up turns, then timed turns, a before b in each
     assert got == [2.0, 20.0]  # each call's own median
     assert flushed == [2 * warm + k for k in range(6)]  # one flush before every timed call
+
+
+def test_train_steps_take_turns_each_with_its_own_attention(monkeypatch):
+    """scripts/train_step_bench.py times its steps with time_interleaved: every callable of
+    step_calls runs one forward + backward step through its own attention, in turns."""
+    import train_step_bench
+    monkeypatch.setattr(vs_cudnn.peers, "WARM_SECONDS", 0.0)
+    seen = []
+
+    def attention(tag):
+        def attend(q, k, v):
+            seen.append(tag)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return attend
+
+    model = train_step_bench.Model(2, 16, 2, None)  # two layers: two attentions a step
+    x = torch.randn(1, 8, 16)
+    calls = train_step_bench.step_calls(model, x, [("a", attention("a")), ("b", attention("b"))])
+    got = vs_cudnn.time_interleaved(calls, 2, lambda: None, timer=lambda call: call() or 1.0, sync=lambda: None)
+    assert got == [1.0, 1.0]
+    assert seen == ["a", "a", "b", "b"] * (vs_cudnn.peers.WARMUP + 2)
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def skip_without_hopper_and_cudnn():
