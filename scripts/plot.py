@@ -30,8 +30,8 @@ and with --inflight CSV (build/bench/inflight_bw), from it alone:
 and with --decode-paged CSV (scripts/decode_bench.py), from it alone:
   decode_paged_vs_nk.png as decode_vs_nk.png, for the contiguous and paged rows and their peers
 and with --train-step CSV (scripts/train_step_bench.py), from it alone:
-  train_step.png         time of one whole training step per attention, one group per model
-                         shape, each bar's speed relative to SDPA cuDNN above it
+  train_step.png         a rung's whole training step against each SDPA backend (the pair timed
+                         in turns), one group per model shape, the speedup above each bar
 The bench CSVs (positional) may be left out when only --decode, --decode-paged, --backward,
 --inflight or --train-step is given.
 With --readme FILE, rewrites the text between <!-- results:begin --> and
@@ -614,40 +614,42 @@ def plot_inflight(path, out_dir):
 
 
 def plot_train_step(path, out_dir):
-    """Step time per attention implementation (scripts/train_step_bench.py), grouped by shape."""
+    """A rung's training step against each SDPA backend (scripts/train_step_bench.py: each pair
+    timed in turns), grouped by shape: the speedup, > 1 where the ladder's step is faster."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    pairs = list(dict.fromkeys((r["impl"], r["peer"]) for r in rows))
     fig, axes = new_figure()
     ax = axes[0][0]
     if not rows:
         no_data(ax, "train_step rows")
-    width = 0.8 / max(len(impls), 1)
+    width = 0.8 / max(len(pairs), 1)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    cudnn = {r["shape"]: float(r["step_ms_median"]) for r in rows if r["impl"] == "sdpa_cudnn"}
-    for i, impl in enumerate(impls):
+    rungs = list(dict.fromkeys(impl for impl, _ in pairs))
+    for i, (impl, peer) in enumerate(pairs):
         for j, shape in enumerate(shapes):
-            r = next((r for r in rows if r["impl"] == impl and r["shape"] == shape), None)
-            base = cudnn.get(shape)
+            r = next((r for r in rows if (r["impl"], r["peer"], r["shape"]) == (impl, peer, shape)), None)
             if r is None:
                 continue
-            ms = float(r["step_ms_median"])
-            x = j + (i - (len(impls) - 1) / 2) * width
-            ax.bar(x, ms, width, color=colors[i % len(colors)], hatch="//" if impl.startswith("sdpa") else None,
-                   edgecolor="white", label=impl if j == 0 else None)
-            if base:
-                ax.annotate(f"{base / ms:.2f}x", (x, ms), ha="center", va="bottom", fontsize=8)
+            x = j + (i - (len(pairs) - 1) / 2) * width
+            speedup = float(r["speedup"])
+            ax.bar(x, speedup, width, color=colors[rungs.index(impl) % len(colors)],
+                   hatch=None if peer.endswith("cudnn") else "//", edgecolor="white",
+                   label=f"{impl.removeprefix('ladder_')} vs {peer.removeprefix('sdpa_')}" if j == 0 else None)
+            ax.annotate(f"{speedup:.3f}", (x, speedup), ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
     labels = []
     for shape in shapes:
         r = next(r for r in rows if r["shape"] == shape)
         labels.append(f"{r['layers']} layers, d_model {r['d_model']}, {r['heads']} heads\nB {r['B']}, T {r['T']}")
     ax.set_xticks(range(len(shapes)), labels)
-    ax.set_ylabel("one training step (ms, median)")
+    ax.set_ylabel("step speed against SDPA (its time / the rung's)")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     gpu = rows[0]["gpu"] if rows else ""
-    fig.suptitle(f"Whole training steps, bf16, forward + backward (above each bar: speed vs SDPA cuDNN)\n{gpu}")
+    sha = rows[0].get("git_sha", "") if rows else ""
+    fig.suptitle(f"Whole training steps, bf16, forward + backward; each pair timed step by step in turns\n{gpu}, {sha}")
     return save(fig, out_dir, "train_step.png")
 
 

@@ -12,11 +12,12 @@ rest of the model is the same module with the same weights. The two default shap
 ones the Hopper-backward issue measured (4 layers each): d_model 2048, 16 heads of 128, B 4,
 T 4096; and d_model 1024, 8 heads of 128, B 2, T 16384.
 
-Per shape, the attentions take turns step by step (vs_cudnn.time_interleaved: a joint warm-up,
-then --repeats turns, each timing one step of every attention between CUDA events), so that
-all run under the same clock: under the board's power cap a block of one attention's steps
-inherits the clock the block before it left (06o_bwd.md, pitfalls). Per (shape, attention): the
-median step; prints the rows and the ladder's speed relative to each SDPA backend (> 1: the
+Per shape, each rung is timed against each SDPA backend in a pair of its own, the two taking
+turns step by step (vs_cudnn.time_interleaved: a joint warm-up, then --repeats turns, each
+timing one step of both between CUDA events), so that both run under the same clock and each
+follows the other: under the board's power cap a step inherits the clock the step before it
+left, and a block of one attention's steps, or a third attention between them, biases the pair
+(06o_bwd.md, pitfalls). A row per (shape, rung, backend): both medians and their ratio (> 1: the
 ladder's step is faster). Writes --csv.
 """
 
@@ -36,6 +37,7 @@ from train_compare import Block, ladder_attention  # noqa: E402  (the same pre-n
 
 sys.path.insert(0, str(REPO / "scripts"))
 from vs_cudnn import time_interleaved  # noqa: E402  (the turns)
+from peers import git_sha  # noqa: E402
 
 SHAPES = {  # name: (layers, d_model, heads, batch, tokens)
     "2048x16h_B4_T4k": (4, 2048, 16, 4, 4096),
@@ -80,7 +82,7 @@ def main(argv=None):
     p.add_argument("--rungs", default="06d_fa3,05_fa2_reordered", help="rungs with a backward pass at d = 128")
     p.add_argument("--peers", default="cudnn,flash", help="SDPA backends to force")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"any of {', '.join(SHAPES)}")
-    p.add_argument("--repeats", type=int, default=20, help="turns (each times one step of every attention)")
+    p.add_argument("--repeats", type=int, default=20, help="turns of each pair (one timed step of each)")
     p.add_argument("--csv", type=pathlib.Path)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -89,8 +91,8 @@ def main(argv=None):
     for rung in rungs:
         if not attn_ladder.has_backward(rung, 128):
             sys.exit(f"train_step_bench: rung '{rung}' has no backward pass at d = 128")
-    impls = [(f"ladder_{r}", ladder_attention(r)) for r in rungs] + [(f"sdpa_{b}", sdpa(b)) for b in args.peers.split(",") if b]
-    gpu = torch.cuda.get_device_name()
+    peers = [b for b in args.peers.split(",") if b]
+    gpu, sha = torch.cuda.get_device_name(), git_sha()
     rows = []
     for name in args.shapes.split(","):
         if name not in SHAPES:
@@ -99,17 +101,16 @@ def main(argv=None):
         torch.manual_seed(0)
         model = Model(layers, d_model, heads, None).to("cuda", torch.bfloat16)
         x = torch.randn(batch, tokens, d_model, device="cuda", dtype=torch.bfloat16)
-        medians = time_interleaved(step_calls(model, x, impls), args.repeats, lambda: None)
-        times = {}
-        for (label, _), ms in zip(impls, medians):
-            times[label] = ms
-            print(f"[train_step] {gpu} {name} {label}: {ms:.2f} ms", flush=True)
-            rows.append({"gpu": gpu, "shape": name, "layers": layers, "d_model": d_model, "heads": heads,
-                         "B": batch, "T": tokens, "impl": label, "step_ms_median": f"{ms:.3f}"})
-        for r in rungs:
-            ratios = ", ".join(f"{times[f'sdpa_{b}'] / times[f'ladder_{r}']:.3f}x vs {b}"
-                               for b in args.peers.split(",") if b)
-            print(f"[train_step] {name}: {r} step speed {ratios} (> 1: the ladder's step is faster)", flush=True)
+        for rung in rungs:
+            for peer in peers:
+                pair = [(f"ladder_{rung}", ladder_attention(rung)), (f"sdpa_{peer}", sdpa(peer))]
+                ms, peer_ms = time_interleaved(step_calls(model, x, pair), args.repeats, lambda: None)
+                print(f"[train_step] {gpu} {name}: {rung} {ms:.2f} ms, {peer} {peer_ms:.2f} ms in turns: "
+                      f"{peer_ms / ms:.3f}x (> 1: the ladder's step is faster)", flush=True)
+                rows.append({"gpu": gpu, "shape": name, "layers": layers, "d_model": d_model, "heads": heads,
+                             "B": batch, "T": tokens, "impl": pair[0][0], "peer": pair[1][0],
+                             "step_ms_median": f"{ms:.3f}", "peer_ms_median": f"{peer_ms:.3f}",
+                             "speedup": f"{peer_ms / ms:.3f}", "git_sha": sha})
         del model, x
         torch.cuda.empty_cache()
     if args.csv:

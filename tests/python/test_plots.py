@@ -107,10 +107,10 @@ def main():
 
         print("training steps (scripts/train_step_bench.py's columns):")
         steps = tmp / "train_step.csv"
-        steps.write_text("gpu,shape,layers,d_model,heads,B,T,impl,step_ms_median\n"
-                         "Some GPU,s1,2,256,4,16,256,ladder_05_fa2_reordered,5.0\n"
-                         "Some GPU,s1,2,256,4,16,256,sdpa_cudnn,4.0\n"
-                         "Some GPU,s2,2,256,4,16,512,sdpa_cudnn,9.0\n")
+        steps.write_text("gpu,shape,layers,d_model,heads,B,T,impl,peer,step_ms_median,peer_ms_median,speedup,git_sha\n"
+                         "Some GPU,s1,2,256,4,16,256,ladder_05_fa2_reordered,sdpa_cudnn,5.0,4.0,0.800,abc1234\n"
+                         "Some GPU,s1,2,256,4,16,256,ladder_05_fa2_reordered,sdpa_flash,5.0,6.0,1.200,abc1234\n"
+                         "Some GPU,s2,2,256,4,16,512,ladder_05_fa2_reordered,sdpa_cudnn,9.0,9.0,1.000,abc1234\n")
         run = plot("--out", tmp / "steps", "--train-step", steps)
         check(run.returncode == 0, f"train steps: plot.py exits 0 (stderr: {run.stderr.strip()[-500:]})")
         path = tmp / "steps" / "train_step.png"
