@@ -98,11 +98,25 @@ __device__ __forceinline__ void zero_by_grid(float4* dst, int64_t n) {
     dst[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
+// dO's strides in elements (batch, head, row) for the pre-pass; row = 0: contiguous. 06o's
+// launch reads dL/dO where it lies (AttnBwdTensors::dout_strides); 05's is contiguous.
+struct DoutStrides {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
+// Row r of [B, H, Nq] in dO.
+template <typename T, int kD>
+__device__ __forceinline__ int64_t dout_row_offset(const BwdParams<T>& p, const DoutStrides& st, int64_t row) {
+  if (st.row == 0) return row * kD;
+  const int64_t bh = row / p.Nq;
+  return bh / p.H * st.batch + bh % p.H * st.head + row % p.Nq * st.row;
+}
+
 // D_r (line 1, README §8) for every row r of [B, H, Nq], then the whole dQ_acc zeroed (the
 // main kernel only adds to it) when there is one. The loop is uniform per warp, so every lane
 // is in the shuffles. A device function: 06o's pre-pass zeroes more in the same launch.
 template <typename T, int kD>
-__device__ __forceinline__ void prepass(const BwdParams<T>& p, int64_t rows) {
+__device__ __forceinline__ void prepass(const BwdParams<T>& p, int64_t rows, const DoutStrides& st = {}) {
   constexpr int kLanes = kPrepassLanes<kD>, kRowsPerWarp = 32 / kLanes;
   const int lane = threadIdx.x % 32, chunk = lane % kLanes;
   const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -112,7 +126,7 @@ __device__ __forceinline__ void prepass(const BwdParams<T>& p, int64_t rows) {
     float dot = 0.f;
     if (row < rows) {
       const int64_t x = row * kD + chunk * kChunkElems;
-      const uint4 dO8 = *reinterpret_cast<const uint4*>(p.dout + x);
+      const uint4 dO8 = *reinterpret_cast<const uint4*>(p.dout + dout_row_offset<T, kD>(p, st, row) + chunk * kChunkElems);
       const uint4 O8 = *reinterpret_cast<const uint4*>(p.o + x);
       const T* dO_e = reinterpret_cast<const T*>(&dO8);
       const T* O_e = reinterpret_cast<const T*>(&O8);

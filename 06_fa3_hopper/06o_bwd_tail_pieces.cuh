@@ -82,7 +82,7 @@ struct alignas(1024) SharedStorage {
 
 template <typename T>
 struct BwdParams {
-  CUtensorMap q_map, do_map, k_map, v_map;
+  CUtensorMap q_map, do_map, k_map, v_map;  // do_map: 4-D, dO's own strides (make_tensor_map_4d)
   CUtensorMap dk_map, dv_map;  // boxes of 64 keys (a warpgroup's) x 64 columns
   const float* lse;  // [B, H, Nq] natural log (the forward's)
   const float* D;    // [B, H, Nq] (the pre-pass's)
@@ -171,7 +171,8 @@ __device__ void produce(Smem& s, const BwdParams<T>& p, const Work& w) {
       for (int c = 0; c < Cfg::kChunks; ++c) {
         const int col = c * Cfg::kChunkCols;
         tma_load_3d(&s.q[stage][c * Cfg::B_r * Cfg::kChunkCols], &p.q_map, col, row0, at.bh, &s.full[stage]);
-        tma_load_3d(&s.dout[stage][c * Cfg::B_r * Cfg::kChunkCols], &p.do_map, col, row0, at.bh, &s.full[stage]);
+        tma_load_4d(&s.dout[stage][c * Cfg::B_r * Cfg::kChunkCols], &p.do_map, col, row0, at.bh % p.H, at.bh / p.H,
+                    &s.full[stage]);
       }
     } else {
       mbarrier_arrive(&s.full[stage]);
@@ -606,8 +607,8 @@ __global__ void __launch_bounds__(Config<D, T>::kThreads, 1) fa3_backward(const 
 // 05's pre-pass, and the tail's dK, dV sums zeroed by the same grid: no launch of its own.
 template <int D, typename T>
 __global__ void __launch_bounds__(fa2::kPrepassThreads)
-    prepass_and_tail(const fa2::BwdParams<T> f, int64_t rows, float4* dkv_tail, int64_t tail4) {
-  fa2::prepass<T, D>(f, rows);
+    prepass_and_tail(const fa2::BwdParams<T> f, fa2::DoutStrides dout, int64_t rows, float4* dkv_tail, int64_t tail4) {
+  fa2::prepass<T, D>(f, rows, dout);
   fa2::zero_by_grid(dkv_tail, tail4);
 }
 
@@ -673,6 +674,12 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   f.dq_acc = ws;
   f.D = ws + fa2::dq_acc_elems(pr);
   f.Nq = pr.Nq;
+  f.H = pr.H;
+  int64_t dout_strides[3];  // dL/dO read where it lies (AttnBwdTensors::dout_strides): no copy
+  dout_strides_of(pr, t, dout_strides);
+  fa2::DoutStrides dout;  // row = 0: the pre-pass's contiguous path
+  if (dout_strides[2] != D || dout_strides[1] != int64_t(pr.Nq) * D || dout_strides[0] != int64_t(pr.H) * pr.Nq * D)
+    dout = {dout_strides[0], dout_strides[1], dout_strides[2]};
   // The tail's pieces (tail_plan, fa3_launch.h), their dK, dV sums after 05's workspace.
   const TailPlan plan = tail_plan_for(pr);
   const uintptr_t after = reinterpret_cast<uintptr_t>(t.workspace) + fa2::bwd_workspace_bytes(pr);
@@ -682,14 +689,14 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   const int64_t prepass_blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);
   const int64_t tail4 = int64_t(tail_sums_bytes(plan, D) / sizeof(float4));
   prepass_and_tail<D, T><<<unsigned(prepass_blocks), fa2::kPrepassThreads, 0, stream>>>(
-      f, rows, reinterpret_cast<float4*>(dkv_tail), tail4);
+      f, dout, rows, reinterpret_cast<float4*>(dkv_tail), tail4);
   CUDA_CHECK_LAUNCH();
 
   constexpr CUtensorMapDataType kType = tensor_map_type<T>();
   constexpr int kBytes = int(sizeof(T));
   BwdParams<T> p{};
   p.q_map = make_tensor_map_3d(t.q, kType, pr.B * pr.H, pr.Nq, D, Cfg::B_r, kBytes, Cfg::kSwizzle);
-  p.do_map = make_tensor_map_3d(t.dout, kType, pr.B * pr.H, pr.Nq, D, Cfg::B_r, kBytes, Cfg::kSwizzle);
+  p.do_map = make_tensor_map_4d(t.dout, kType, pr.B, pr.H, pr.Nq, D, dout_strides, Cfg::B_r, kBytes, Cfg::kSwizzle);
   p.k_map = make_tensor_map_3d(t.k, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
   p.v_map = make_tensor_map_3d(t.v, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::B_c, kBytes, Cfg::kSwizzle);
   p.dk_map = make_tensor_map_3d(t.dk, kType, pr.B * pr.Hkv, pr.Nk, D, Cfg::kWgKeys, kBytes, Cfg::kSwizzle);

@@ -35,8 +35,10 @@ namespace attn::hopper {
 // swizzle, 64 elements per chunk; e4m3 (elem_bytes = 1) 128 elements per chunk, or one
 // 64-byte chunk for a 64-byte row (Swizzle::b64). Rows past N are zero-filled by the copy
 // engine: a tile never runs into the next head's rows.
-inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type, int heads, int rows, int d,
-                                      int box_rows, int elem_bytes, Swizzle swizzle) {
+// The tiled map of `rank` dims (innermost first; strides in bytes of dims 1..rank-1), boxes of
+// one swizzle row x box_rows x 1 ..., stored swizzled.
+inline CUtensorMap encode_tensor_map(const void* base, CUtensorMapDataType type, int rank, const cuuint64_t* dims,
+                                     const cuuint64_t* strides, int box_rows, int elem_bytes, Swizzle swizzle) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status{};
@@ -46,23 +48,39 @@ inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   const int chunk_cols = row_bytes(swizzle) / elem_bytes;
-  if (d % chunk_cols != 0)
-    throw AttnError("06_fa3_hopper: a row of " + std::to_string(d) + " elements is not whole " +
+  if (int(dims[0]) % chunk_cols != 0)
+    throw AttnError("06_fa3_hopper: a row of " + std::to_string(dims[0]) + " elements is not whole " +
                     std::to_string(row_bytes(swizzle)) + "-byte swizzle rows");
   CUtensorMap map{};
-  const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};  // innermost first
-  const cuuint64_t strides[2] = {cuuint64_t(d) * elem_bytes, cuuint64_t(rows) * d * elem_bytes};  // bytes, dims 1..2
-  const cuuint32_t box[3] = {cuuint32_t(chunk_cols), cuuint32_t(box_rows), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  CUresult r = encode(&map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
+  const cuuint32_t box[4] = {cuuint32_t(chunk_cols), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUresult r = encode(&map, type, cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, element_strides,
                       CU_TENSOR_MAP_INTERLEAVE_NONE,
                       swizzle == Swizzle::b128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE /* out-of-bounds elements read as zero */);
   if (r != CUDA_SUCCESS)
     throw AttnError("06_fa3_hopper: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) +
-                    " (pointers must be 16-byte aligned)");
+                    " (pointers and strides must be 16-byte aligned)");
   return map;
+}
+
+inline CUtensorMap make_tensor_map_3d(const void* base, CUtensorMapDataType type, int heads, int rows, int d,
+                                      int box_rows, int elem_bytes, Swizzle swizzle) {
+  const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};  // innermost first
+  const cuuint64_t strides[2] = {cuuint64_t(d) * elem_bytes, cuuint64_t(rows) * d * elem_bytes};  // bytes, dims 1..2
+  return encode_tensor_map(base, type, 3, dims, strides, box_rows, elem_bytes, swizzle);
+}
+
+// A [B, H, rows, d] tensor with any strides (elements; batch, head, row), its d elements
+// contiguous: boxes as make_tensor_map_3d's, at coordinates (column, row, head, batch). The
+// backward's dO arrives so from a [B, N, H, d] activation (AttnBwdTensors::dout_strides).
+inline CUtensorMap make_tensor_map_4d(const void* base, CUtensorMapDataType type, int B, int H, int rows, int d,
+                                      const int64_t (&strides)[3], int box_rows, int elem_bytes, Swizzle swizzle) {
+  const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(H), cuuint64_t(B)};
+  const cuuint64_t bytes[3] = {cuuint64_t(strides[2]) * elem_bytes, cuuint64_t(strides[1]) * elem_bytes,
+                               cuuint64_t(strides[0]) * elem_bytes};
+  return encode_tensor_map(base, type, 4, dims, bytes, box_rows, elem_bytes, swizzle);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -160,6 +178,15 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, in
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];" ::"r"(smem_addr(dst)),
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The same from a 4-D map (make_tensor_map_4d): coordinates (column, row, head, batch).
+__device__ inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
       : "memory");
 }
 

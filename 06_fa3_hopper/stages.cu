@@ -132,6 +132,7 @@ template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
   if (s.backward_head_dims.empty()) return;  // a lab build without them
+  s.backward_strided_dout = kStep == BwdStep::o_tail_pieces;  // dO by a 4-D tensor map (06o's launch)
   s.backward_refuse = [](const AttnProblem& p) -> std::string {
     const int64_t ctas = fa2::bwd_ctas(p, fa3::step06e::kBwdKeysPerCta);
     if (ctas > INT_MAX)

@@ -93,6 +93,19 @@ struct AttnBwdTensors {
   void* dv = nullptr;          // [B, Hkv, Nk, d]  (all seven in the problem's dtype: bf16 or fp16)
   void* workspace = nullptr;   // device scratch of Stage::backward_workspace(problem)
   size_t workspace_bytes = 0;
+  // dO's strides in elements (batch, head, row), its d elements contiguous; all 0: contiguous
+  // [B, H, Nq, d]. Other strides only for a rung whose Stage::backward_strided_dout is set: in
+  // a training step dL/dO arrives as a [B, Nq, H, d] tensor's transpose, and copying it costs
+  // more than reading it in place.
+  int64_t dout_strides[3] = {0, 0, 0};
 };
+
+// dO's strides (batch, head, row) in elements, the zeros of a contiguous tensor filled in.
+inline void dout_strides_of(const AttnProblem& p, const AttnBwdTensors& t, int64_t (&out)[3]) {
+  const bool given = t.dout_strides[0] || t.dout_strides[1] || t.dout_strides[2];
+  out[0] = given ? t.dout_strides[0] : int64_t(p.H) * p.Nq * p.d;
+  out[1] = given ? t.dout_strides[1] : int64_t(p.Nq) * p.d;
+  out[2] = given ? t.dout_strides[2] : p.d;
+}
 
 }  // namespace attn

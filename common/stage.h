@@ -62,6 +62,9 @@ struct Stage {
   std::function<std::string(const AttnProblem&)> backward_refuse;
   std::function<size_t(const AttnProblem&)> backward_workspace_bytes;
   std::function<void(const AttnProblem&, const AttnBwdTensors&, cudaStream_t)> launch_backward;
+  // launch_backward reads dO with any strides AttnBwdTensors::dout_strides gives (positive,
+  // 16-byte multiples); without it a rung takes dO contiguous and refuses other strides.
+  bool backward_strided_dout = false;
   // Optional: the backward's HBM bytes by its cost model (hbm_model.h), for the bench's row.
   std::function<double(const AttnProblem&)> model_backward_hbm_bytes;
 

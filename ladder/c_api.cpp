@@ -226,10 +226,21 @@ extern "C" int attn_backward_workspace_bytes(const char* rung, const attn_proble
                          [](const attn::Stage& s, const attn::AttnProblem& p) { return s.backward_workspace(p); });
 }
 
-extern "C" int attn_run_backward_async(const char* rung, const attn_problem_t* cp, const void* q, const void* k,
-                                       const void* v, const void* o, const float* lse, const void* dout, void* dq,
-                                       void* dk, void* dv, void* workspace, size_t workspace_bytes, void* stream,
-                                       char* err, size_t err_len) {
+extern "C" int attn_backward_strided_dout(const char* rung, int* strided, char* err, size_t err_len) {
+  int code = ATTN_OK;
+  const attn::Stage* s = lookup(rung, &code, err, err_len);
+  if (!s) return code;
+  return guarded([&] {
+    if (!strided) throw attn::AttnError("strided is a null pointer");
+    *strided = s->has_backward() && s->backward_strided_dout ? 1 : 0;
+  }, err, err_len);
+}
+
+extern "C" int attn_run_backward_strided_async(const char* rung, const attn_problem_t* cp, const void* q,
+                                               const void* k, const void* v, const void* o, const float* lse,
+                                               const void* dout, const int64_t* dout_strides, void* dq, void* dk,
+                                               void* dv, void* workspace, size_t workspace_bytes, void* stream,
+                                               char* err, size_t err_len) {
   int code = ATTN_OK;
   const attn::Stage* s = lookup(rung, &code, err, err_len);
   if (!s) return code;
@@ -247,8 +258,18 @@ extern "C" int attn_run_backward_async(const char* rung, const attn_problem_t* c
     t.dv = dv;
     t.workspace = workspace;
     t.workspace_bytes = workspace_bytes;
+    if (dout_strides)
+      for (int i = 0; i < 3; ++i) t.dout_strides[i] = dout_strides[i];
     attn::run_backward(*s, to_problem(*cp), t, static_cast<cudaStream_t>(stream));
   }, err, err_len);
+}
+
+extern "C" int attn_run_backward_async(const char* rung, const attn_problem_t* cp, const void* q, const void* k,
+                                       const void* v, const void* o, const float* lse, const void* dout, void* dq,
+                                       void* dk, void* dv, void* workspace, size_t workspace_bytes, void* stream,
+                                       char* err, size_t err_len) {
+  return attn_run_backward_strided_async(rung, cp, q, k, v, o, lse, dout, nullptr, dq, dk, dv, workspace,
+                                         workspace_bytes, stream, err, err_len);
 }
 
 namespace {

@@ -22,6 +22,7 @@
 #define ATTN_LADDER_C_API_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -116,6 +117,19 @@ int attn_backward_workspace_bytes(const char* rung, const attn_problem_t* p, siz
 int attn_run_backward_async(const char* rung, const attn_problem_t* p, const void* q, const void* k, const void* v,
                             const void* o, const float* lse, const void* dout, void* dq, void* dk, void* dv,
                             void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
+/* Whether `rung`'s backward reads dout with any strides (attn_run_backward_strided_async):
+   *strided = 1 (06o_bwd_tail_pieces, 06d_fa3) or 0 (it takes dout contiguous). No GPU needed. */
+int attn_backward_strided_dout(const char* rung, int* strided, char* err, size_t err_len);
+
+/* attn_run_backward_async with dout's strides: dout_strides[3] = (batch, head, row) in
+   elements, its d elements contiguous, each a positive multiple of 16 bytes (dL/do of a
+   [B,Nq,H,d] tensor seen as [B,H,Nq,d]: (Nq*H*d, d, H*d)). NULL or the contiguous strides
+   for any rung; others only where attn_backward_strided_dout says 1, else ATTN_INVALID_INPUT. */
+int attn_run_backward_strided_async(const char* rung, const attn_problem_t* p, const void* q, const void* k,
+                                    const void* v, const void* o, const float* lse, const void* dout,
+                                    const int64_t* dout_strides, void* dq, void* dk, void* dv, void* workspace,
+                                    size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
 /* Decode from a paged KV cache (the rung 05_fa2_decode's kernels; bf16 or fp16, d 64 or 128,
    Nq <= 64 query rows per head, GQA, causal bottom-right per sequence):

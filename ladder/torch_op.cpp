@@ -79,6 +79,7 @@ struct RungFacts {
   std::string name;
   bool writes_lse = false;
   std::vector<int> backward_dims;
+  bool strided_dout = false;  // its backward reads dout with its own strides
 };
 
 const std::vector<RungFacts>& rung_facts() {
@@ -93,6 +94,8 @@ const std::vector<RungFacts>& rung_facts() {
       int dims[ATTN_MAX_HEAD_DIMS] = {}, count = 0;
       if (attn_backward_info(f.name.c_str(), dims, &count, err, kErrLen) == ATTN_OK)
         f.backward_dims.assign(dims, dims + count);
+      int strided = 0;
+      if (attn_backward_strided_dout(f.name.c_str(), &strided, err, kErrLen) == ATTN_OK) f.strided_dout = strided != 0;
       all.push_back(std::move(f));
     }
     return all;
@@ -104,6 +107,19 @@ const RungFacts* find_rung(c10::string_view name) {
   for (const RungFacts& f : rung_facts())
     if (name == f.name) return &f;
   return nullptr;  // unknown: the C API refuses it with the list of rungs
+}
+
+// dout as `rung`'s backward reads it (_capi.py's dout_for): as it lies where the rung takes
+// strides and its rows are 16-byte aligned (dL/dO of a [B, N, H, d] activation's transpose),
+// else a contiguous copy.
+Tensor dout_for(const std::string& rung, const Tensor& dout) {
+  if (dout.is_contiguous()) return dout;
+  const RungFacts* f = find_rung(rung);
+  const int64_t per16 = 16 / int64_t(dout.element_size());
+  bool fits = f && f->strided_dout && dout.dim() == 4 && dout.stride(3) == 1 &&
+              reinterpret_cast<uintptr_t>(dout.data_ptr()) % 16 == 0;
+  for (int i = 0; fits && i < 3; ++i) fits = dout.stride(i) > 0 && dout.stride(i) % per16 == 0;
+  return fits ? dout : dout.contiguous();
 }
 
 // ops.py's _no_backward_message, word for word.
@@ -266,11 +282,16 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
   TORCH_CHECK_VALUE(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
                     "the backward takes bfloat16 or float16, got ", dtype_name(q.scalar_type()));
   const std::pair<const char*, const Tensor*> same_as_q[] = {{"o", &o}, {"dout", &dout}};
-  for (const auto& [label, t] : same_as_q) {
+  for (const auto& [label, t] : same_as_q)
     TORCH_CHECK_VALUE(t->sizes() == q.sizes() && t->scalar_type() == q.scalar_type() && t->device() == q.device(),
                       label, " must be a ", dtype_name(q.scalar_type()), " tensor of q's shape ",
                       shape_str(q.sizes()), " on ", q.device());
-    TORCH_CHECK_VALUE(t->is_contiguous(), label, " must be contiguous (call .contiguous())");
+  TORCH_CHECK_VALUE(o.is_contiguous(), "o must be contiguous (call .contiguous())");
+  const bool strided = !dout.is_contiguous();
+  if (strided) {
+    const RungFacts* f = find_rung(name);
+    TORCH_CHECK_VALUE(!f || f->strided_dout, "dout must be contiguous for '", name, "' (call .contiguous())");
+    TORCH_CHECK_VALUE(dout.stride(3) == 1, "dout's last dim must be contiguous, got strides ", shape_str(dout.strides()));
   }
   const std::vector<int64_t> lse_shape{q.size(0), q.size(1), q.size(2)};
   TORCH_CHECK_VALUE(lse.sizes() == c10::IntArrayRef(lse_shape) && lse.scalar_type() == at::kFloat &&
@@ -285,9 +306,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
   if (rc != ATTN_OK) fail(rc, name, err);
   Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   const Tensor ws = workspace(need, q);
-  rc = attn_run_backward_async(name.c_str(), &p, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                               lse.data_ptr<float>(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                               ptr(ws), need, stream_of(q), err, kErrLen);
+  const int64_t strides[3] = {dout.stride(0), dout.stride(1), dout.stride(2)};  // the library checks them
+  rc = attn_run_backward_strided_async(name.c_str(), &p, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                       lse.data_ptr<float>(), dout.data_ptr(), strided ? strides : nullptr,
+                                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ptr(ws), need, stream_of(q), err,
+                                       kErrLen);
   if (rc != ATTN_OK) fail(rc, name, err);
   return {dq, dk, dv};
 }
@@ -398,7 +421,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const std::string rung = ctx->saved_data["rung"].toStringRef();
     auto [dq, dk, dv] = attention_backward_op().call(saved[0], saved[1], saved[2], saved[3], saved[4],
-                                                     grads[0].contiguous(), rung, ctx->saved_data["causal"].toBool(),
+                                                     dout_for(rung, grads[0]), rung, ctx->saved_data["causal"].toBool(),
                                                      ctx->saved_data["scale"].toDouble());
     return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor()};
   }

@@ -147,6 +147,55 @@ TEST(CApi, BackwardInfoAndWorkspaceAreTheStagesAndForwardOnlyRungsSaySo) {
   EXPECT_EQ(attn_backward_info("no_such_rung", nullptr, nullptr, err, sizeof err), ATTN_UNKNOWN_RUNG);
 }
 
+// dO with its own strides (attn_run_backward_strided_async): which rungs read them, and the
+// refusals before any launch (so without a GPU too): other strides for a rung that takes dO
+// contiguous, strides that are not 16-byte multiples. The contiguous strides pass for any rung
+// (the check that follows is the workspace's).
+TEST(CApi, BackwardDoutStrides) {
+  int with_strides = 0;
+  char err[256] = {0};
+  for (const Stage& s : registry()) {
+    SCOPED_TRACE(s.name);
+    int strided = -1;
+    ASSERT_EQ(attn_backward_strided_dout(s.name.c_str(), &strided, err, sizeof err), ATTN_OK) << err;
+    EXPECT_EQ(strided, s.has_backward() && s.backward_strided_dout ? 1 : 0);
+    with_strides += strided;
+  }
+  const bool fa3_backward = find_stage("06d_fa3").has_backward();  // not in a lab build without it
+  if (fa3_backward) {
+    EXPECT_TRUE(find_stage("06d_fa3").backward_strided_dout);
+    EXPECT_TRUE(find_stage("06o_bwd_tail_pieces").backward_strided_dout);
+    EXPECT_FALSE(find_stage("06n_bwd_k_in_registers").backward_strided_dout);
+    EXPECT_EQ(with_strides, 2);
+  }
+  EXPECT_EQ(attn_backward_strided_dout("no_such_rung", nullptr, err, sizeof err), ATTN_UNKNOWN_RUNG);
+
+  attn_problem_t cp{};
+  cp.B = 2, cp.H = 4, cp.Hkv = 4, cp.Nq = 100, cp.Nk = 100, cp.d = 64, cp.causal = 1, cp.dtype = 0;
+  size_t bytes = 0;
+  ASSERT_EQ(attn_backward_workspace_bytes("05_fa2_reordered", &cp, &bytes, err, sizeof err), ATTN_OK) << err;
+  alignas(16) int dummy = 0;
+  float lse = 0.f;
+  auto run = [&](const char* rung, const int64_t* strides, size_t ws) {
+    return attn_run_backward_strided_async(rung, &cp, &dummy, &dummy, &dummy, &dummy, &lse, &dummy, strides, &dummy,
+                                           &dummy, &dummy, &dummy, ws, nullptr, err, sizeof err);
+  };
+  const int64_t transposed[3] = {100 * 4 * 64, 64, 4 * 64};  // [B, N, H, d] seen as [B, H, N, d]
+  EXPECT_EQ(run("05_fa2_reordered", transposed, bytes), ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("takes dO contiguous"), std::string::npos) << err;
+  const int64_t odd[3] = {100 * 4 * 68, 68, 4 * 68 + 4};  // 8-byte multiples only
+  EXPECT_EQ(run("05_fa2_reordered", odd, bytes), ATTN_INVALID_INPUT);
+  EXPECT_NE(std::string(err).find("multiples of 16 bytes"), std::string::npos) << err;
+  const int64_t dense[3] = {4 * 100 * 64, 100 * 64, 64};
+  EXPECT_EQ(run("05_fa2_reordered", dense, bytes - 1), ATTN_INVALID_INPUT);  // past the strides' check
+  EXPECT_NE(std::string(err).find("workspace"), std::string::npos) << err;
+  if (fa3_backward) {
+    ASSERT_EQ(attn_backward_workspace_bytes("06d_fa3", &cp, &bytes, err, sizeof err), ATTN_OK) << err;
+    EXPECT_EQ(run("06d_fa3", odd, bytes), ATTN_INVALID_INPUT);
+    EXPECT_NE(std::string(err).find("multiples of 16 bytes"), std::string::npos) << err;
+  }
+}
+
 // The paged decode's workspace query validates what the host sees, without a GPU.
 TEST(CApi, PagedDecodeWorkspaceAndRefusals) {
   char err[512] = {0};

@@ -207,6 +207,14 @@ def _load():
             ctypes.c_void_p,  # dv
         ] + lib.attn_run_async.argtypes[7:]  # workspace, workspace_bytes, stream, err, err_len
         lib.attn_run_backward_async.restype = ctypes.c_int
+    if hasattr(lib, "attn_run_backward_strided_async"):  # dout with its own strides (06o's backward)
+        lib.attn_backward_strided_dout.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
+                                                   ctypes.c_size_t]
+        lib.attn_backward_strided_dout.restype = ctypes.c_int
+        lib.attn_run_backward_strided_async.argtypes = lib.attn_run_backward_async.argtypes[:8] + [
+            ctypes.POINTER(ctypes.c_int64),  # dout_strides (batch, head, row)
+        ] + lib.attn_run_backward_async.argtypes[8:]
+        lib.attn_run_backward_strided_async.restype = ctypes.c_int
     if hasattr(lib, "attn_decode_paged_async"):  # the paged decode (a library built before it has none)
         lib.attn_decode_paged_workspace_bytes.argtypes = [ctypes.POINTER(_PagedProblem),
                                                           ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
@@ -416,20 +424,57 @@ def backward_head_dims(rung):
     return _backward_cache[rung]
 
 
+_strided_cache = {}
+
+
+def backward_takes_strided_dout(rung):
+    """Whether `rung`'s backward reads dout with its own strides (06o_bwd_tail_pieces,
+    06d_fa3); the others take it contiguous."""
+    if rung not in _strided_cache:
+        lib = _load()
+        strided = ctypes.c_int(0)
+        if hasattr(lib, "attn_backward_strided_dout"):
+            err = ctypes.create_string_buffer(_ERR_LEN)
+            _raise_unless_ok(lib.attn_backward_strided_dout(rung.encode(), ctypes.byref(strided), err, _ERR_LEN),
+                             rung, err)
+        _strided_cache[rung] = bool(strided.value)
+    return _strided_cache[rung]
+
+
+def dout_for(rung, dout):
+    """dout as `rung`'s backward reads it: as it lies where the rung takes strides and its
+    rows are 16-byte aligned (dL/dO of a [B, N, H, d] activation's transpose, in a training
+    step), else a contiguous copy."""
+    if dout.is_contiguous():
+        return dout
+    per16 = 16 // dout.element_size()
+    if (dout.dim() == 4 and dout.stride(3) == 1 and all(st > 0 and st % per16 == 0 for st in dout.stride()[:3])
+            and dout.data_ptr() % 16 == 0 and backward_takes_strided_dout(rung)):
+        return dout
+    return dout.contiguous()
+
+
 def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
     """(dq, dk, dv) of O = attention(q, k, v) for the upstream gradient dout = dL/dO, by the
     backward pass of `rung` (04_fa1_tiled, 05_fa2_reordered: backward_head_dims). o and lse
     are the forward's outputs (any rung's: fp32 natural-log lse [B, H, Nq]); dout has o's
-    shape and dtype. dk, dv have k's shape: with GQA each sums its group's query heads.
-    Enqueued on torch.cuda.current_stream(), its workspace from torch.empty."""
+    shape and dtype, contiguous or, for a rung that takes strides (backward_takes_strided_dout),
+    any strides with its last dim contiguous and the others 16-byte multiples. dk, dv have k's
+    shape: with GQA each sums its group's query heads. Enqueued on
+    torch.cuda.current_stream(), its workspace from torch.empty."""
     _check_inputs(q, k, v)
     if q.dtype not in _DTYPE_CODES:
         raise ValueError(f"the backward takes bfloat16 or float16, got {q.dtype}")
     for name, t in (("o", o), ("dout", dout)):
         if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f"{name} must be a {q.dtype} tensor of q's shape {tuple(q.shape)} on {q.device}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    if not o.is_contiguous():
+        raise ValueError("o must be contiguous (call .contiguous())")
+    strided = not dout.is_contiguous()
+    if strided and not backward_takes_strided_dout(rung):
+        raise ValueError(f"dout must be contiguous for '{rung}' (call .contiguous())")
+    if strided and dout.stride(3) != 1:
+        raise ValueError(f"dout's last dim must be contiguous, got strides {tuple(dout.stride())}")
     B, H, Nq, d = q.shape
     if (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, Nq) or lse.dtype != torch.float32
             or lse.device != q.device or not lse.is_contiguous()):
@@ -447,11 +492,13 @@ def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
         _raise_unless_ok(lib.attn_backward_workspace_bytes(rung_c, ctypes.byref(problem), ctypes.byref(need), err,
                                                            _ERR_LEN), rung, err)
         workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
-        return lib.attn_run_backward_async(rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                           o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(),
-                                           dk.data_ptr(), dv.data_ptr(),
-                                           workspace.data_ptr() if workspace is not None else None, need.value,
-                                           _stream(q.device), err, _ERR_LEN)
+        args = [rung_c, ctypes.byref(problem), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                workspace.data_ptr() if workspace is not None else None, need.value, _stream(q.device), err, _ERR_LEN]
+        if not strided:
+            return lib.attn_run_backward_async(*args)
+        strides = (ctypes.c_int64 * 3)(*dout.stride()[:3])  # the library checks their alignment
+        return lib.attn_run_backward_strided_async(*args[:8], strides, *args[8:])
 
     rc = _on_device(q.device, launch)
     _raise_unless_ok(rc, rung, err)

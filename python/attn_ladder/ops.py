@@ -112,7 +112,8 @@ def _define_in_python():
 
     def backward(ctx, grad_o, grad_lse):  # only for rungs with a backward (save_for_backward refuses others)
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = backward_op(q, k, v, o, lse, grad_o.contiguous(), ctx.rung, ctx.causal, ctx.scale)
+        # dL/dO as it lies where the rung reads strides (no copy of a transposed gradient)
+        dq, dk, dv = backward_op(q, k, v, o, lse, _capi.dout_for(ctx.rung, grad_o), ctx.rung, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None, None, None
 
     # Runs only when q, k or v requires grad (and grad mode is on), eagerly or where AOTAutograd

@@ -87,6 +87,58 @@ def test_gradients_match_fp64(rung, dtype, shape):
         assert rel_err(got, want) <= BOUND[dtype], f"d{name}: relative error {rel_err(got, want):.2e}"
 
 
+STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "05_fa2_reordered") if r in BACKWARD_RUNGS]
+
+
+@pytest.mark.parametrize("rung", STRIDED_RUNGS)
+@pytest.mark.parametrize("shape", [(2, 4, 2, 130, 200, 64, True), (2, 3, 3, 257, 257, 128, False),
+                                   (1, 16, 16, 1000, 1000, 128, False)],
+                         ids=lambda s: "B{}H{}kv{}_Nq{}_Nk{}_d{}{}".format(*s[:6], "_causal" * s[6]))
+def test_transposed_output_gradient(rung, shape):
+    """O used as a training step's block uses it, O.transpose(1, 2).reshape(B, N, H·d): dL/dO
+    then arrives as the transpose of a [B, N, H, d] tensor. 06o's backward (06d_fa3's) reads it
+    as it lies, through a 4-D tensor map and strided pre-pass loads; rung 05 gets a copy. Every
+    gradient within the forward's bounds of fp64's (a wrong stride would give garbage)."""
+    *dims, d, causal = shape
+    B, H, _, Nq, _ = dims
+    q, k, v, _ = make(*dims, d, torch.bfloat16, seed=sum(shape[:6]))
+    w = torch.randn(B, Nq, H * d, device="cuda", dtype=torch.bfloat16, generator=torch.Generator(device="cuda").manual_seed(7))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    seen = []
+    o = attn_ladder.attention(q, k, v, rung=rung, causal=causal)
+    o.register_hook(lambda g: seen.append((g.is_contiguous(), attn_ladder._capi.dout_for(rung, g) is g)))
+    (o.transpose(1, 2).reshape(B, Nq, H * d) * w).sum().backward()
+    assert seen == [(False, rung != "05_fa2_reordered")]  # strided; read in place by 06o's backward only
+    w_bhnd = w.view(B, Nq, H, d).transpose(1, 2)
+    for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), reference_grads(q, k, v, w_bhnd, causal)):
+        assert rel_err(got, want) <= BOUND[torch.bfloat16], f"d{name}: relative error {rel_err(got, want):.2e}"
+
+
+def test_strided_dout_refusals():
+    """Both operators (C++ and Python) and the binding: a strided dout for a rung that takes it
+    contiguous, and strides that are not 16-byte multiples, are refused with the reason."""
+    if "06d_fa3" not in STRIDED_RUNGS:
+        pytest.skip("needs 06d_fa3's backward (Hopper)")
+    q, k, v, _ = make(1, 4, 4, 64, 64, 64, torch.bfloat16, seed=5)
+    o, lse = attn_ladder.attention(q, k, v, rung="06d_fa3", causal=True, return_lse=True)
+    transposed = torch.randn(1, 64, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    padded = torch.randn(1, 4, 64, 68, device="cuda", dtype=torch.bfloat16)[..., :64]  # rows of 136 bytes
+    for call in (attn_ladder._capi.run_backward, torch.ops.attn_ladder.attention_backward):
+        args = (q, k, v, o, lse)
+        if call is attn_ladder._capi.run_backward:
+            run = lambda rung, dout: call(rung, *args, dout, causal=True)
+        else:
+            run = lambda rung, dout: call(*args, dout, rung, True, 0.125)
+        with pytest.raises((ValueError, RuntimeError), match="dout must be contiguous for '05_fa2_reordered'"):
+            run("05_fa2_reordered", transposed)
+        with pytest.raises((ValueError, RuntimeError), match="multiples of 16 bytes"):
+            run("06d_fa3", padded)
+        dq, dk, dv = run("06d_fa3", transposed)
+        want = attn_ladder._capi.run_backward("06d_fa3", *args, transposed.contiguous(), causal=True)
+        for got, ref in zip((dq, dk, dv), want):
+            assert rel_err(got, ref) <= 1e-2
+
+
 @pytest.mark.parametrize("rung", BACKWARD_RUNGS)
 def test_backward_opcheck(rung):
     q, k, v, w = make(1, 4, 2, 70, 90, 64, torch.bfloat16, seed=3)
