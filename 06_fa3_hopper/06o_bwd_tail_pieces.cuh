@@ -91,6 +91,8 @@ struct BwdParams {
   int full_ctas;     // CTAs of whole tiles; then `pieces` CTAs per tile of the tail
   int pieces;
   int H, Hkv, group, Nq, Nk, T_c;
+  uint64_t h_magic;  // bh / H = (bh · h_magic) >> h_shift: dO's 4-D coordinates without a division
+  int h_shift;
   TileOrder order;   // the grid's hand-out (fa3_launch.h: cta_order, bwd_order)
   bool causal;
   float scale, scale_log2;
@@ -171,7 +173,8 @@ __device__ void produce(Smem& s, const BwdParams<T>& p, const Work& w) {
       for (int c = 0; c < Cfg::kChunks; ++c) {
         const int col = c * Cfg::kChunkCols;
         tma_load_3d(&s.q[stage][c * Cfg::B_r * Cfg::kChunkCols], &p.q_map, col, row0, at.bh, &s.full[stage]);
-        tma_load_4d(&s.dout[stage][c * Cfg::B_r * Cfg::kChunkCols], &p.do_map, col, row0, at.bh % p.H, at.bh / p.H,
+        const int batch = int((uint64_t(unsigned(at.bh)) * p.h_magic) >> p.h_shift);
+        tma_load_4d(&s.dout[stage][c * Cfg::B_r * Cfg::kChunkCols], &p.do_map, col, row0, at.bh - batch * p.H, batch,
                     &s.full[stage]);
       }
     } else {
@@ -705,6 +708,9 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   p.D = f.D;
   p.dq_acc = f.dq_acc;
   p.H = pr.H;
+  const HeadDivisor h_div = head_divisor(pr.H);
+  p.h_magic = h_div.magic;
+  p.h_shift = h_div.shift;
   p.Hkv = pr.Hkv;
   p.group = pr.group();
   p.Nq = pr.Nq;

@@ -228,6 +228,21 @@ constexpr TailPlan tail_plan(long long tiles, int steps, int sms, bool causal) {
 }
 
 
+// x / H as (x · magic) >> shift for every 0 <= x < 2^31 (Granlund and Montgomery): with
+// 2^s >= H > 2^(s-1), magic = ceil(2^(32+s) / H) < 2^33 exceeds 2^(32+s) / H by less than 1,
+// which adds less than x / 2^(32+s) < 1 / H to the quotient: never enough to reach the next
+// integer; x · magic < 2^64. 06o's producer splits a query head index (< B·H < 2^31) into
+// dO's (batch, head) coordinates so, per step.
+struct HeadDivisor {
+  uint64_t magic;
+  int shift;
+};
+constexpr HeadDivisor head_divisor(int H) {
+  int s = 0;
+  while ((1LL << s) < H) ++s;
+  return {((uint64_t(1) << (32 + s)) + uint64_t(H) - 1) / uint64_t(H), 32 + s};
+}
+
 // The tail's dK, dV sums: [tail tiles][2][B_c = 128][d] fp32 (rows in dQ_acc's 8 x 8 blocks,
 // fa2_backward.h: dq_acc_offset), at the first 16-byte boundary
 // after 05's workspace (whose lse-sized part may end on any 4 bytes): the bulk reductions and

@@ -333,6 +333,24 @@ TEST(BackwardOrder, SectionsHoldQdOAndDqAccInAThirdOfL2) {
   EXPECT_EQ(fa3::step06m::bwd_order(p, 16, l2).heads_per_section, 1);
 }
 
+// 06o's producer divides a query head index by H with a multiply and a shift
+// (fa3_launch.h: head_divisor): exact for every head count up to 1024 and indices below 2^31.
+TEST(BackwardTail, HeadDivisorIsExact) {
+  using fa3::step06o::head_divisor;
+  for (int H = 1; H <= 1024; ++H) {
+    const auto div = head_divisor(H);
+    const uint64_t probes[] = {0, 1, uint64_t(H) - 1, uint64_t(H), uint64_t(H) + 1, 12345, (1ull << 20) + 7,
+                               (1ull << 31) - 1, (1ull << 31) - uint64_t(H)};
+    for (uint64_t x : probes)
+      ASSERT_EQ((x * div.magic) >> div.shift, x / uint64_t(H)) << "H = " << H << ", x = " << x;
+    for (uint64_t m = 1; m < 64; ++m) {  // around multiples of H
+      const uint64_t x = m * uint64_t(H) * 4099;
+      if (x < (1ull << 31) - 1)
+        for (uint64_t y : {x - 1, x, x + 1}) ASSERT_EQ((y * div.magic) >> div.shift, y / uint64_t(H)) << H << " " << y;
+    }
+  }
+}
+
 // 06o's tail (fa3_launch.h: tail_plan): the papers' shapes on 132 SMs and the cases without
 // pieces. d = 128, N = 2k: 2048 tiles of 32 steps, 68 in the last wave; in 3 pieces they take
 // 2 rounds of 11 + 2 steps (26) against one of 32 + 2; 5 pieces take 3 rounds of 9 (27).
