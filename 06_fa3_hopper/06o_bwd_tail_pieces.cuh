@@ -11,7 +11,9 @@
 // is added by every step as before. The pieces are a second grid of the same kernel compiled
 // with that epilogue (kPieces), launched beside the whole tiles' last wave: the whole tiles
 // keep 06n's instructions. With the mask 06m's order already ends on the shortest CTAs: one
-// piece, 06n's grid. Nothing else changes.
+// piece, 06n's grid. And, as the last backward step and 06d_fa3's, 06o reads dO with the
+// strides the caller gives (a 4-D tensor map; the pre-pass by rows): in a training step dL/dO
+// arrives transposed, and a copy of it cost more than the kernels gain on cuDNN's.
 //
 // 06n's outline, the pieces added:
 //
