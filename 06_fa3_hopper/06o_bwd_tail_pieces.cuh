@@ -730,17 +730,9 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
     CUDA_CHECK_LAUNCH();
   }
   if (plan.tail_tiles > 0) {  // the tail's pieces: beside the whole tiles' last wave
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(plan.tail_tiles * plan.pieces));
-    config.blockDim = dim3(Cfg::kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = stream;
-    cudaLaunchAttribute beside{};
-    beside.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    beside.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &beside;
-    config.numAttrs = plan.full_ctas > 0 ? 1 : 0;  // else after the pre-pass, whose D it reads
-    CUDA_CHECK(cudaLaunchKernelEx(&config, fa3_backward<D, T, true>, p));
+    launch_beside_previous(fa3_backward<D, T, true>, dim3(unsigned(plan.tail_tiles * plan.pieces)),
+                           dim3(Cfg::kThreads), kSmemBytes, stream,
+                           plan.full_ctas > 0 /* else after the pre-pass, whose D it reads */, p);
     CUDA_CHECK_LAUNCH();
   }
 

@@ -315,17 +315,8 @@ void launch_quantize_rows(const QuantArgs& a, QuantPass pass, bool beside_previo
   constexpr bool kPersistent = D > 64;
   const int ctas_per_sm = configure_kernel<kKernel>(kRowThreads<R>, kSmemBytes);
   const long long total = 1LL * a.heads * a.blocks;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(kPersistent ? persistent_grid(total, ctas_per_sm) : unsigned(total));
-  config.blockDim = dim3(kRowThreads<R>);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute beside{};
-  beside.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  beside.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &beside;
-  config.numAttrs = beside_previous ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, a, pass));
+  launch_beside_previous(kKernel, dim3(kPersistent ? persistent_grid(total, ctas_per_sm) : unsigned(total)),
+                         dim3(kRowThreads<R>), kSmemBytes, stream, beside_previous, a, pass);
 }
 
 // The whole pre-kernel: Q, K, V of `t` -> the workspace (ws laid out for opt.v_path). Keys

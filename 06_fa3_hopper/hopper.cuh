@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 #include <string>
 
 #include "06_fa3_hopper/swizzle.h"
@@ -114,6 +115,25 @@ inline unsigned persistent_grid(long long units, int ctas_per_sm) {
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const long long fit = 1LL * sms * ctas_per_sm;
   return unsigned(units < fit ? units : fit);
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), with `beside`: allowed to start
+// beside the stream's previous kernel (programmatic stream serialization), once every CTA of
+// that grid has called grid_dependents_may_launch (or exited).
+template <typename... Params, typename... Args>
+void launch_beside_previous(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                            bool beside, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = beside ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // ---------------------------------------------------------------------------------------
