@@ -111,7 +111,8 @@ const RungFacts* find_rung(c10::string_view name) {
 
 // dout as `rung`'s backward reads it (_capi.py's dout_for): as it lies where the rung takes
 // strides and its rows are 16-byte aligned (dL/dO of a [B, N, H, d] activation's transpose),
-// else a contiguous copy.
+// else a contiguous copy. On real tensors only: attention_backward's CUDA kernel, not the
+// autograd function that torch.compile traces with fake ones.
 Tensor dout_for(const std::string& rung, const Tensor& dout) {
   if (dout.is_contiguous()) return dout;
   const RungFacts* f = find_rung(rung);
@@ -287,12 +288,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
                       label, " must be a ", dtype_name(q.scalar_type()), " tensor of q's shape ",
                       shape_str(q.sizes()), " on ", q.device());
   TORCH_CHECK_VALUE(o.is_contiguous(), "o must be contiguous (call .contiguous())");
-  const bool strided = !dout.is_contiguous();
-  if (strided) {
-    const RungFacts* f = find_rung(name);
-    TORCH_CHECK_VALUE(!f || f->strided_dout, "dout must be contiguous for '", name, "' (call .contiguous())");
-    TORCH_CHECK_VALUE(dout.stride(3) == 1, "dout's last dim must be contiguous, got strides ", shape_str(dout.strides()));
-  }
+  const Tensor d_o = dout_for(name, dout);  // in place or a contiguous copy
+  const bool strided = !d_o.is_contiguous();
   const std::vector<int64_t> lse_shape{q.size(0), q.size(1), q.size(2)};
   TORCH_CHECK_VALUE(lse.sizes() == c10::IntArrayRef(lse_shape) && lse.scalar_type() == at::kFloat &&
                         lse.device() == q.device() && lse.is_contiguous(),
@@ -306,9 +303,9 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
   if (rc != ATTN_OK) fail(rc, name, err);
   Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   const Tensor ws = workspace(need, q);
-  const int64_t strides[3] = {dout.stride(0), dout.stride(1), dout.stride(2)};  // the library checks them
+  const int64_t strides[3] = {d_o.stride(0), d_o.stride(1), d_o.stride(2)};
   rc = attn_run_backward_strided_async(name.c_str(), &p, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                                       lse.data_ptr<float>(), dout.data_ptr(), strided ? strides : nullptr,
+                                       lse.data_ptr<float>(), d_o.data_ptr(), strided ? strides : nullptr,
                                        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ptr(ws), need, stream_of(q), err,
                                        kErrLen);
   if (rc != ATTN_OK) fail(rc, name, err);
@@ -421,7 +418,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const std::string rung = ctx->saved_data["rung"].toStringRef();
     auto [dq, dk, dv] = attention_backward_op().call(saved[0], saved[1], saved[2], saved[3], saved[4],
-                                                     dout_for(rung, grads[0]), rung, ctx->saved_data["causal"].toBool(),
+                                                     grads[0], rung, ctx->saved_data["causal"].toBool(),
                                                      ctx->saved_data["scale"].toDouble());
     return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor()};
   }

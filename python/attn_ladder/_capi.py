@@ -444,7 +444,8 @@ def backward_takes_strided_dout(rung):
 def dout_for(rung, dout):
     """dout as `rung`'s backward reads it: as it lies where the rung takes strides and its
     rows are 16-byte aligned (dL/dO of a [B, N, H, d] activation's transpose, in a training
-    step), else a contiguous copy."""
+    step), else a contiguous copy. On real tensors only (run_backward; not where autograd is
+    traced with fake ones)."""
     if dout.is_contiguous():
         return dout
     per16 = 16 // dout.element_size()
@@ -458,10 +459,10 @@ def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
     """(dq, dk, dv) of O = attention(q, k, v) for the upstream gradient dout = dL/dO, by the
     backward pass of `rung` (04_fa1_tiled, 05_fa2_reordered: backward_head_dims). o and lse
     are the forward's outputs (any rung's: fp32 natural-log lse [B, H, Nq]); dout has o's
-    shape and dtype, contiguous or, for a rung that takes strides (backward_takes_strided_dout),
-    any strides with its last dim contiguous and the others 16-byte multiples. dk, dv have k's
-    shape: with GQA each sums its group's query heads. Enqueued on
-    torch.cuda.current_stream(), its workspace from torch.empty."""
+    shape and dtype, any strides: read where it lies by a rung that takes strides
+    (backward_takes_strided_dout) when its last dim is contiguous and the others are 16-byte
+    multiples, else copied (dout_for). dk, dv have k's shape: with GQA each sums its group's
+    query heads. Enqueued on torch.cuda.current_stream(), its workspace from torch.empty."""
     _check_inputs(q, k, v)
     if q.dtype not in _DTYPE_CODES:
         raise ValueError(f"the backward takes bfloat16 or float16, got {q.dtype}")
@@ -470,11 +471,8 @@ def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
             raise ValueError(f"{name} must be a {q.dtype} tensor of q's shape {tuple(q.shape)} on {q.device}")
     if not o.is_contiguous():
         raise ValueError("o must be contiguous (call .contiguous())")
+    dout = dout_for(rung, dout)
     strided = not dout.is_contiguous()
-    if strided and not backward_takes_strided_dout(rung):
-        raise ValueError(f"dout must be contiguous for '{rung}' (call .contiguous())")
-    if strided and dout.stride(3) != 1:
-        raise ValueError(f"dout's last dim must be contiguous, got strides {tuple(dout.stride())}")
     B, H, Nq, d = q.shape
     if (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, Nq) or lse.dtype != torch.float32
             or lse.device != q.device or not lse.is_contiguous()):
@@ -497,7 +495,7 @@ def run_backward(rung, q, k, v, o, lse, dout, causal=False, scale=None):
                 workspace.data_ptr() if workspace is not None else None, need.value, _stream(q.device), err, _ERR_LEN]
         if not strided:
             return lib.attn_run_backward_async(*args)
-        strides = (ctypes.c_int64 * 3)(*dout.stride()[:3])  # the library checks their alignment
+        strides = (ctypes.c_int64 * 3)(*dout.stride()[:3])
         return lib.attn_run_backward_strided_async(*args[:8], strides, *args[8:])
 
     rc = _on_device(q.device, launch)

@@ -112,8 +112,9 @@ def _define_in_python():
 
     def backward(ctx, grad_o, grad_lse):  # only for rungs with a backward (save_for_backward refuses others)
         q, k, v, o, lse = ctx.saved_tensors
-        # dL/dO as it lies where the rung reads strides (no copy of a transposed gradient)
-        dq, dk, dv = backward_op(q, k, v, o, lse, _capi.dout_for(ctx.rung, grad_o), ctx.rung, ctx.causal, ctx.scale)
+        # dL/dO as it comes (a training step's is transposed): the operator reads it in place
+        # where the rung takes strides, else copies it (_capi.dout_for, on the real tensors)
+        dq, dk, dv = backward_op(q, k, v, o, lse, grad_o, ctx.rung, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None, None, None
 
     # Runs only when q, k or v requires grad (and grad mode is on), eagerly or where AOTAutograd

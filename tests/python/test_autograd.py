@@ -97,8 +97,9 @@ STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "05_fa2_reordered
 def test_transposed_output_gradient(rung, shape):
     """O used as a training step's block uses it, O.transpose(1, 2).reshape(B, N, H·d): dL/dO
     then arrives as the transpose of a [B, N, H, d] tensor. 06o's backward (06d_fa3's) reads it
-    as it lies, through a 4-D tensor map and strided pre-pass loads; rung 05 gets a copy. Every
-    gradient within the forward's bounds of fp64's (a wrong stride would give garbage)."""
+    as it lies, through a 4-D tensor map and strided pre-pass loads; rung 05 gets a copy (the
+    hook asks the binding's dout_for which). Every gradient within the forward's bounds of
+    fp64's (a wrong stride would give garbage)."""
     *dims, d, causal = shape
     B, H, _, Nq, _ = dims
     q, k, v, _ = make(*dims, d, torch.bfloat16, seed=sum(shape[:6]))
@@ -114,29 +115,50 @@ def test_transposed_output_gradient(rung, shape):
         assert rel_err(got, want) <= BOUND[torch.bfloat16], f"d{name}: relative error {rel_err(got, want):.2e}"
 
 
-def test_strided_dout_refusals():
-    """Both operators (C++ and Python) and the binding: a strided dout for a rung that takes it
-    contiguous, and strides that are not 16-byte multiples, are refused with the reason."""
+def test_strided_dout_read_in_place_or_copied():
+    """The binding and the operator take dout with any strides: 06d_fa3 reads a transposed one
+    in place, and copies one whose rows are not 16-byte multiples apart; rung 05 copies any
+    strided one. The gradients are those of the same dout made contiguous."""
     if "06d_fa3" not in STRIDED_RUNGS:
         pytest.skip("needs 06d_fa3's backward (Hopper)")
     q, k, v, _ = make(1, 4, 4, 64, 64, 64, torch.bfloat16, seed=5)
-    o, lse = attn_ladder.attention(q, k, v, rung="06d_fa3", causal=True, return_lse=True)
     transposed = torch.randn(1, 64, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     padded = torch.randn(1, 4, 64, 68, device="cuda", dtype=torch.bfloat16)[..., :64]  # rows of 136 bytes
-    for call in (attn_ladder._capi.run_backward, torch.ops.attn_ladder.attention_backward):
-        args = (q, k, v, o, lse)
-        if call is attn_ladder._capi.run_backward:
-            run = lambda rung, dout: call(rung, *args, dout, causal=True)
-        else:
-            run = lambda rung, dout: call(*args, dout, rung, True, 0.125)
-        with pytest.raises((ValueError, RuntimeError), match="dout must be contiguous for '05_fa2_reordered'"):
-            run("05_fa2_reordered", transposed)
-        with pytest.raises((ValueError, RuntimeError), match="multiples of 16 bytes"):
-            run("06d_fa3", padded)
-        dq, dk, dv = run("06d_fa3", transposed)
-        want = attn_ladder._capi.run_backward("06d_fa3", *args, transposed.contiguous(), causal=True)
-        for got, ref in zip((dq, dk, dv), want):
-            assert rel_err(got, ref) <= 1e-2
+    assert attn_ladder._capi.dout_for("06d_fa3", transposed) is transposed
+    assert attn_ladder._capi.dout_for("06d_fa3", padded).is_contiguous()
+    assert attn_ladder._capi.dout_for("05_fa2_reordered", transposed).is_contiguous()
+    for rung in ("06d_fa3", "05_fa2_reordered"):
+        o, lse = attn_ladder.attention(q, k, v, rung=rung, causal=True, return_lse=True)
+        for dout in (transposed, padded):
+            want = attn_ladder._capi.run_backward(rung, q, k, v, o, lse, dout.contiguous(), causal=True)
+            for got in (attn_ladder._capi.run_backward(rung, q, k, v, o, lse, dout, causal=True),
+                        torch.ops.attn_ladder.attention_backward(q, k, v, o, lse, dout, rung, True, 0.125)):
+                for g, ref in zip(got, want):
+                    assert rel_err(g, ref) <= 1e-2, rung
+
+
+def test_transposed_gradient_under_torch_compile():
+    """A block's transposed dL/dO through the compiled graph (where autograd is traced with fake
+    tensors, and the operator decides on the real ones): the eager gradients."""
+    if "06d_fa3" not in STRIDED_RUNGS:
+        pytest.skip("needs 06d_fa3's backward (Hopper)")
+    torch._dynamo.reset()
+    B, H, N, d = 1, 4, 128, 64
+    q, k, v, _ = make(B, H, H, N, N, d, torch.bfloat16, seed=6)
+    w = torch.randn(B, N, H * d, device="cuda", dtype=torch.bfloat16)
+
+    def loss(q, k, v):
+        o = attn_ladder.attention(q, k, v, rung="06d_fa3", causal=True)
+        return (o.transpose(1, 2).reshape(B, N, H * d) * w).sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    grads = []
+    for f in (loss, compiled):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        f(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    for eager, traced in zip(*grads):
+        assert rel_err(traced, eager) <= 1e-2
 
 
 @pytest.mark.parametrize("rung", BACKWARD_RUNGS)
