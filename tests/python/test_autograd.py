@@ -87,6 +87,18 @@ def test_gradients_match_fp64(rung, dtype, shape):
         assert rel_err(got, want) <= BOUND[dtype], f"d{name}: relative error {rel_err(got, want):.2e}"
 
 
+def assert_compiled_grads_match(loss, q, k, v):
+    """loss(q, k, v)'s gradients through torch.compile(loss, fullgraph=True) are eager's."""
+    compiled = torch.compile(loss, fullgraph=True)
+    grads = []
+    for f in (loss, compiled):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        f(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    for eager, traced in zip(*grads):
+        assert rel_err(traced, eager) <= 1e-2
+
+
 STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "05_fa2_reordered") if r in BACKWARD_RUNGS]
 
 
@@ -151,14 +163,7 @@ def test_transposed_gradient_under_torch_compile():
         o = attn_ladder.attention(q, k, v, rung="06d_fa3", causal=True)
         return (o.transpose(1, 2).reshape(B, N, H * d) * w).sum()
 
-    compiled = torch.compile(loss, fullgraph=True)
-    grads = []
-    for f in (loss, compiled):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        f(*leaves).backward()
-        grads.append([t.grad for t in leaves])
-    for eager, traced in zip(*grads):
-        assert rel_err(traced, eager) <= 1e-2
+    assert_compiled_grads_match(loss, q, k, v)
 
 
 @pytest.mark.parametrize("rung", BACKWARD_RUNGS)
@@ -179,14 +184,7 @@ def test_backward_under_torch_compile(rung):
     def loss(q, k, v):
         return (attn_ladder.attention(q, k, v, rung=rung, causal=True) * w).sum()
 
-    compiled = torch.compile(loss, fullgraph=True)
-    grads = []
-    for f in (loss, compiled):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        f(*leaves).backward()
-        grads.append([t.grad for t in leaves])
-    for eager, traced in zip(*grads):
-        assert rel_err(traced, eager) <= 1e-2
+    assert_compiled_grads_match(loss, q, k, v)
 
 
 @pytest.mark.parametrize("rung", BACKWARD_RUNGS)
