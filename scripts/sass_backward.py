@@ -18,8 +18,9 @@ For each fa3_backward kernel of 06h-06o (every head dim and dtype built):
               06l-06o: 06k's order at both head dims; 06n's and 06o's Sᵀ at d = 64 is an
               RS group (K_j from registers), so their order there begins RS SS RS SS RS.
   epilogue    06k stores dK_j, dV_j from registers (`STG`); 06l-06o have no `STG` at
-              all and store them by TMA (`UTMASTG`; 06o's pieces add theirs by bulk
-              reductions, also no `STG`).
+              all and store them by TMA (`UTMASTG`); 06o's pieces' instance
+              (kPieces) adds them by bulk reductions (`UBLKRED`, with dQ_i's), no
+              `UTMASTG`, no `STG`.
 Exit 0: all hold; 1: a violation; 77 (CTest: skipped): no cuobjdump, or a library built
 without these steps (a lab build).
 
@@ -39,6 +40,7 @@ STEPS = {"06h": ("06h_bwd", False), "06i": ("06i_bwd", True), "06j": ("06j_bwd",
          "06n": ("06n_bwd", True), "06o": ("06o_bwd", True)}  # ELF name, must be LDS/STS
 STG = re.compile(r"^(?:@!?U?P\w+\s+)?STG\b")
 TMA_STORE = re.compile(r"^(?:@!?U?P\w+\s+)?UTMASTG\b")
+BULK_ADD = re.compile(r"^(?:@!?U?P\w+\s+)?UBLKRED\b")
 GENERIC = re.compile(r"^(?:@!?U?P\w+\s+)?(?:LD|ST)\.E\b")
 
 
@@ -112,9 +114,16 @@ def check(sass_by_step):
             if step in ("06k", "06l", "06m", "06n", "06o"):
                 stg = sum(1 for _, t in code if STG.match(t))
                 tma = sum(1 for _, t in code if TMA_STORE.match(t))
-                good = stg > 0 and tma == 0 if step == "06k" else stg == 0 and tma > 0
-                want = "STG, no UTMASTG" if step == "06k" else "UTMASTG, no STG"
-                lines.append(f"  {'ok' if good else 'VIOLATION'}: dK, dV: {stg} STG, {tma} UTMASTG ({want} expected)")
+                adds = sum(1 for _, t in code if BULK_ADD.match(t))
+                pieces = step == "06o" and "Lb1E" in name  # fa3_backward<D, T, kPieces = true>
+                if step == "06k":
+                    good, want = stg > 0 and tma == 0, "STG, no UTMASTG"
+                elif pieces:  # dQ_i's add and the piece's dK, dV sums: bulk reductions only
+                    good, want = stg == 0 and tma == 0 and adds >= 3, "3+ UBLKRED, no UTMASTG, no STG"
+                else:
+                    good, want = stg == 0 and tma > 0, "UTMASTG, no STG"
+                lines.append(f"  {'ok' if good else 'VIOLATION'}: dK, dV: {stg} STG, {tma} UTMASTG, {adds} UBLKRED "
+                             f"({want} expected)")
                 ok &= good
             print("\n".join(lines))
             all_ok &= ok
