@@ -683,8 +683,7 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   int64_t dout_strides[3];  // dL/dO read where it lies (AttnBwdTensors::dout_strides): no copy
   dout_strides_of(pr, t, dout_strides);
   fa2::DoutStrides dout;  // row = 0: the pre-pass's contiguous path
-  if (dout_strides[2] != D || dout_strides[1] != int64_t(pr.Nq) * D || dout_strides[0] != int64_t(pr.H) * pr.Nq * D)
-    dout = {dout_strides[0], dout_strides[1], dout_strides[2]};
+  if (!dout_strides_dense(pr, dout_strides)) dout = {dout_strides[0], dout_strides[1], dout_strides[2]};
   // The tail's pieces (tail_plan, fa3_launch.h), their dK, dV sums after 05's workspace.
   const TailPlan plan = tail_plan_for(pr);
   const uintptr_t after = reinterpret_cast<uintptr_t>(t.workspace) + fa2::bwd_workspace_bytes(pr);

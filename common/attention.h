@@ -108,4 +108,9 @@ inline void dout_strides_of(const AttnProblem& p, const AttnBwdTensors& t, int64
   out[2] = given ? t.dout_strides[2] : p.d;
 }
 
+// Whether those strides are a contiguous [B, H, Nq, d] tensor's.
+inline bool dout_strides_dense(const AttnProblem& p, const int64_t (&s)[3]) {
+  return s[0] == int64_t(p.H) * p.Nq * p.d && s[1] == int64_t(p.Nq) * p.d && s[2] == p.d;
+}
+
 }  // namespace attn

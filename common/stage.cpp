@@ -138,17 +138,13 @@ void validate_backward_tensors(const Stage& s, const AttnProblem& p, const AttnB
   if (misaligned(t.workspace)) fail("the workspace is not 16-byte aligned");
   const int64_t* given = t.dout_strides;
   if (given[0] || given[1] || given[2]) {
-    int64_t dense[3];
-    AttnBwdTensors contiguous;
-    dout_strides_of(p, contiguous, dense);
     const std::string strides =
         "(" + std::to_string(given[0]) + ", " + std::to_string(given[1]) + ", " + std::to_string(given[2]) + ")";
     const int64_t elems_per_16_bytes = 16 / int64_t(dtype_bytes(p.dtype));
     for (int i = 0; i < 3; ++i)
       if (given[i] <= 0 || given[i] % elems_per_16_bytes != 0)
         fail("dO's strides " + strides + " (batch, head, row; elements) must be positive multiples of 16 bytes");
-    const bool is_dense = given[0] == dense[0] && given[1] == dense[1] && given[2] == dense[2];
-    if (!is_dense && !s.backward_strided_dout)
+    if (!dout_strides_dense(p, t.dout_strides) && !s.backward_strided_dout)
       fail("takes dO contiguous [B, H, Nq, d]; strides " + strides + " are not (make it contiguous)");
   }
 }
