@@ -2,10 +2,11 @@
 // pieces. Without the mask every CTA walks the same steps, so a grid of T tiles on S SMs runs
 // floor(T / S) full waves and then T mod S CTAs while the other SMs idle: at the papers'
 // shapes 2048 tiles on 132 SMs, 68 CTAs in a 16th wave that costs as much as a full one. 06o
-// runs the full waves as 06n and gives each tile of the tail `pieces` CTAs, piece k taking
-// steps [k n / pieces, (k + 1) n / pieces) of the tile's n: the tail then takes
-// ceil(tail · pieces / S) rounds of n / pieces steps (tail_plan picks the count, with what a
-// CTA costs beyond its steps). A piece holds a part of dK_j and dV_j, so it adds them to an
+// runs the full waves as 06n and gives each tile of the tail p CTAs, piece k taking steps
+// [k n / p, (k + 1) n / p) of the tile's n: the tail then takes ceil(tail · p / S) rounds of
+// n / p steps. tail_plan picks p, with what a CTA costs beyond its steps, and may give some
+// tiles p + 1 shorter pieces, handed out after the long ones, to fill the SMs those leave.
+// A piece holds a part of dK_j and dV_j, so it adds them to an
 // fp32 workspace (staged in the freed ring, one bulk reduction per warpgroup and matrix, as
 // dQ_i's; zeroed by the pre-pass) and the post-pass converts the tail's rows beside dQ; dQ_i
 // is added by every step as before. The pieces are a second grid of the same kernel compiled
@@ -19,7 +20,7 @@
 //
 //   pre-pass: D = rowsum(dO ∘ O), dQ_acc = 0; the tail's dK, dV workspace = 0
 //   one CTA per (K/V block j of B_c = 128 keys, batch, KV head), handed out heaviest first
-//   (cta_order); a second grid: `pieces` CTAs per tile of the tail; 2 consumer warpgroups:
+//   (cta_order); a second grid: p or p + 1 CTAs per tile of the tail; 2 consumer warpgroups:
 //     TMA: K_j, V_j -> shared memory once; d = 64: the warpgroup's rows of K_j -> registers
 //     for each step of the CTA's range (all of the tile's, or the piece's):
 //       ... 06k's step, Sᵀ from registers at d = 64 ...
@@ -90,8 +91,9 @@ struct BwdParams {
   const float* D;    // [B, H, Nq] (the pre-pass's)
   float* dq_acc;     // 05's workspace layout (fa2_backward.h: dq_acc_offset)
   float* dkv_tail;   // [tail tiles][dK, dV][B_c][d] fp32: the pieces' sums (tail_plan)
-  int full_ctas;     // CTAs of whole tiles; then `pieces` CTAs per tile of the tail
-  int pieces;
+  int full_ctas;     // CTAs of whole tiles (the first grid)
+  int pieces;        // the tail's grid: `pieces` CTAs per tile for its first long_tiles, then one more
+  int long_tiles;
   int H, Hkv, group, Nq, Nk, T_c;
   uint64_t h_magic;  // bh / H = (bh · h_magic) >> h_shift: dO's 4-D coordinates without a division
   int h_shift;
@@ -106,14 +108,15 @@ struct Work {
   int key0, bh_kv, bh0, first_i, T_r, steps;
   int n0;    // the tile's step this CTA starts at (0 but for a piece)
   int tail;  // a piece: its tile's index in the tail (dkv_tail's rows); -1: a whole tile
-  // pieces: a CTA of the tail's grid, `pieces` CTAs per tile; else CTA x is tile x
+  // pieces: a CTA of the tail's grid (tail_plan: the long pieces first, p to a tile, then
+  // p + 1 to a tile); else CTA x is tile x
   template <typename T>
   __device__ Work(const BwdParams<T>& p, int B_c, int B_r, bool pieces) {
-    int x = int(blockIdx.x), piece = 0;
+    int x = int(blockIdx.x), piece = 0, count = 1;
     tail = -1;
     if (pieces) {
-      tail = x / p.pieces;
-      piece = x % p.pieces;
+      const TailPiece t = tail_piece(x, p.long_tiles, p.pieces);
+      tail = t.tail, piece = t.piece, count = t.count;
       x = p.full_ctas + tail;
     }
     const TileCoord t = cta_order(p.order, x);
@@ -125,8 +128,8 @@ struct Work {
     first_i = p.causal && key0 - off > 0 ? (key0 - off) / B_r : 0;
     T_r = (p.Nq + B_r - 1) / B_r;
     const int all = p.group * (T_r - first_i);
-    n0 = tail < 0 ? 0 : int(int64_t(piece) * all / p.pieces);
-    steps = tail < 0 ? all : int(int64_t(piece + 1) * all / p.pieces) - n0;
+    n0 = int(int64_t(piece) * all / count);
+    steps = int(int64_t(piece + 1) * all / count) - n0;
   }
   // step n0's query head and Q block
   __device__ int first_bh() const { return bh0 + n0 / (T_r - first_i); }
@@ -720,6 +723,7 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   p.dkv_tail = dkv_tail;
   p.full_ctas = int(plan.full_ctas);
   p.pieces = plan.pieces;
+  p.long_tiles = int(plan.long_tiles);
   p.causal = pr.causal;
   p.scale = pr.softmax_scale();
   p.scale_log2 = p.scale * float(M_LOG2E);
@@ -729,7 +733,7 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
     CUDA_CHECK_LAUNCH();
   }
   if (plan.tail_tiles > 0) {  // the tail's pieces: beside the whole tiles' last wave
-    launch_beside_previous(fa3_backward<D, T, true>, dim3(unsigned(plan.tail_tiles * plan.pieces)),
+    launch_beside_previous(fa3_backward<D, T, true>, dim3(unsigned(plan.tail_ctas())),
                            dim3(Cfg::kThreads), kSmemBytes, stream,
                            plan.full_ctas > 0 /* else after the pre-pass, whose D it reads */, p);
     CUDA_CHECK_LAUNCH();

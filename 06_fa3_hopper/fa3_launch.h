@@ -204,26 +204,65 @@ constexpr int kMaxPieces = 32;
 
 struct TailPlan {
   long long full_ctas;   // CTAs of whole tiles, the grid's first
-  int pieces;            // CTAs per tile of the tail (1: no tail, 06n's grid)
+  int pieces;            // p: CTAs per tile of the tail's first long_tiles tiles (1: no tail, 06n's grid)
   long long tail_tiles;  // tiles split into pieces
+  long long long_tiles;  // in p pieces each, handed out first; the other tail tiles in p + 1 (shorter)
+  constexpr long long tail_ctas() const { return long_tiles * pieces + (tail_tiles - long_tiles) * (pieces + 1); }
 };
 
+// CTA x of the tail's grid: its tile's index in the tail, its piece and the tile's count of
+// pieces (the long pieces first: long_tiles tiles in `pieces`, then the others in one more).
+// Piece k of c takes steps [k n / c, (k + 1) n / c) of the tile's n.
+struct TailPiece {
+  int tail, piece, count;
+};
+constexpr TailPiece tail_piece(int x, int long_tiles, int pieces) {
+  const int long_ctas = long_tiles * pieces, y = x - long_ctas;
+  if (y < 0) return {x / pieces, x % pieces, pieces};
+  return {long_tiles + y / (pieces + 1), y % (pieces + 1), pieces + 1};
+}
+
+// When the last of m1 CTAs of cost L1 and then m2 of cost L2 <= L1 ends on S SMs that start
+// together, each CTA taking the first free SM. The long ones: q rounds on every SM and one
+// more on r SMs, so S - r SMs are free at lo = q L1, the r others at hi = lo + L1. The short
+// ones end at the least E where the SMs fit m2 of them: E = lo + k L2 fits
+// (S - r) k + r max(0, k - ceil(L1 / L2)), E = hi + k L2 fits r k + (S - r) (k + floor(L1 / L2)).
+constexpr long long ceil_div(long long a, long long b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+constexpr long long two_size_end(long long S, long long m1, long long L1, long long m2, long long L2) {
+  const long long r = m1 % S, lo = m1 / S * L1, hi = r ? lo + L1 : lo;
+  if (m2 == 0) return hi;
+  if (r == 0) return lo + ceil_div(m2, S) * L2;
+  const long long c = ceil_div(L1, L2);
+  long long k_lo = ceil_div(m2, S - r);  // the short ones on the lo SMs alone
+  if (k_lo > c) k_lo = ceil_div(m2 + r * c, S);
+  const long long k_hi_fit = ceil_div(m2 - (S - r) * (L1 / L2), S), k_hi = k_hi_fit > 1 ? k_hi_fit : 1;
+  const long long e_lo = lo + k_lo * L2, e_hi = hi + k_hi * L2, e = e_lo < e_hi ? e_lo : e_hi;
+  return e > hi ? e : hi;
+}
+
 // `tiles` tiles of `steps` steps each on `sms` SMs (one CTA each). Without the mask the last
-// tiles % sms tiles form a partial wave; with p pieces a tile they take ceil(tail p / sms)
-// rounds of ceil(steps / p) + kPieceCostSteps steps. The p with the fewest, if it beats one
-// round of the whole tiles. With the mask, steps differ by tile (06m's order ends on the
-// shortest): no pieces.
+// tiles % sms tiles form a partial wave. A piece of a tile in p costs ceil(steps / p) +
+// kPieceCostSteps; the tail's pieces, longest first: `a` tiles in p pieces, the other tail - a
+// in p + 1, whose shorter pieces fill the SMs the long ones leave (two_size_end). For each p,
+// a = tail (equal pieces) or the a whose long pieces fill R whole rounds (a p <= R sms, R <= 4).
+// The plan that ends first, if it beats one round of the whole tiles; with the mask, steps
+// differ by tile (06m's order ends on the shortest): no pieces.
 constexpr TailPlan tail_plan(long long tiles, int steps, int sms, bool causal) {
-  TailPlan plan{tiles, 1, 0};
+  TailPlan plan{tiles, 1, 0, 0};
   if (causal || sms < 1 || steps < 2 || tiles % sms == 0) return plan;
   const long long tail = tiles % sms;
   long long best = steps + kPieceCostSteps;
   for (int p = 2; p <= steps && p <= kMaxPieces; ++p) {
-    const long long rounds = (tail * p + sms - 1) / sms;
-    const long long cost = rounds * ((steps + p - 1) / p + kPieceCostSteps);
-    if (cost < best) best = cost, plan.pieces = p;
+    const long long L1 = (steps + p - 1) / p + kPieceCostSteps, L2 = (steps + p) / (p + 1) + kPieceCostSteps;
+    for (int R = 0; R <= 4; ++R) {  // R = 0: every tail tile in p pieces
+      const long long a = R == 0 ? tail : static_cast<long long>(R) * sms / p;
+      if (R > 0 && (a >= tail || p + 1 > steps || p + 1 > kMaxPieces)) continue;
+      const long long end = two_size_end(sms, a * p, L1, (tail - a) * (p + 1), L2);
+      if (end < best) best = end, plan.pieces = p, plan.long_tiles = a;
+    }
   }
   if (plan.pieces > 1) plan.full_ctas = tiles - tail, plan.tail_tiles = tail;
+  else plan.long_tiles = 0;
   return plan;
 }
 

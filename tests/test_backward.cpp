@@ -139,6 +139,10 @@ std::vector<BwdShape> backward_shapes() {
   shapes.push_back({2, 16, 16, 70, 1100, 128, false, DType::fp16});
   shapes.push_back({4, 8, 4, 300, 1100, 128, false, DType::bf16});
   shapes.push_back({4, 8, 4, 300, 1100, 64, true, DType::fp16});
+  // 200 tiles of 8 steps: on 132 SMs (H100 SXM, H200) 06o's tail_plan splits the 68 of the
+  // last wave in pieces of two sizes, 44 tiles in 3 and 24 in 4
+  shapes.push_back({2, 100, 100, 507, 125, 128, false, DType::bf16});
+  shapes.push_back({2, 100, 100, 1019, 125, 64, false, DType::fp16});
   return shapes;
 }
 
@@ -205,16 +209,17 @@ TEST_F(Gpu, BackwardDeterministicDqIsBitwiseReproducible) {
 
 // Small shapes for compute-sanitizer (scripts/reproduce.sh runs '*Sanitize*' under each
 // tool): ragged K/V and Q blocks, the causal mask with Nq != Nk both ways, GQA, several
-// steps per CTA (the two-stage Q_i, dO_i ring), 06o's pieces (no mask, fewer tiles than SMs),
-// both head dims.
+// steps per CTA (the two-stage Q_i, dO_i ring), 06o's pieces (no mask, fewer tiles than SMs;
+// of one size and of two), both head dims.
 TEST_F(Gpu, SanitizeBackwardShapes) {
   struct Case {
     int B, H, Hkv, Nq, Nk;
     bool causal;
   };
-  // The last: an odd count of lse rows, so 06o's tail sums start past a 4-byte boundary.
+  // The fourth: an odd count of lse rows, so 06o's tail sums start past a 4-byte boundary;
+  // the last: 68 tiles of 8 steps at d = 128, on 132 SMs pieces of two sizes (tail_plan).
   for (Case c : {Case{1, 4, 1, 17, 100, true}, Case{1, 2, 2, 150, 70, true}, Case{2, 2, 1, 130, 200, false},
-                 Case{1, 3, 1, 77, 300, false}})
+                 Case{1, 3, 1, 77, 300, false}, Case{1, 68, 68, 507, 100, false}})
     for (int d : {64, 128}) {
       AttnProblem p;
       p.B = c.B;

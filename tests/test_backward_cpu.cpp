@@ -352,23 +352,23 @@ TEST(BackwardTail, HeadDivisorIsExact) {
 }
 
 // 06o's tail (fa3_launch.h: tail_plan): the papers' shapes on 132 SMs and the cases without
-// pieces. d = 128, N = 2k: 2048 tiles of 32 steps, 68 in the last wave; in 3 pieces they take
-// 2 rounds of 11 + 2 steps (26) against one of 32 + 2; 5 pieces take 3 rounds of 9 (27).
+// pieces. d = 128, N = 2k: 2048 tiles of 32 steps, 68 in the last wave. In 3 equal pieces
+// they take 2 rounds of 11 + 2 steps (26) against one of 32 + 2; 44 tiles in 3 pieces (132
+// CTAs of 13) and 24 in 4 (96 of 8 + 2, on the SMs as the long ones end) take 13 + 10 = 23.
 // d = 64: 4096 tiles of 16 steps, 4 in the last wave; 16 pieces of one step fit one round.
 TEST(BackwardTail, PiecesShortenThePartialWave) {
   using fa3::step06o::tail_plan;
-  auto cost = [](long long tail, int steps, int sms, int pieces) {
-    return (tail * pieces + sms - 1) / sms * ((steps + pieces - 1) / pieces + fa3::step06o::kPieceCostSteps);
-  };
   const auto d128 = tail_plan(2048, 32, 132, false);
   EXPECT_EQ(d128.full_ctas, 1980);
   EXPECT_EQ(d128.tail_tiles, 68);
   EXPECT_EQ(d128.pieces, 3);
-  for (int p = 1; p <= 32; ++p) EXPECT_LE(cost(68, 32, 132, d128.pieces), cost(68, 32, 132, p)) << p << " pieces";
+  EXPECT_EQ(d128.long_tiles, 44);
+  EXPECT_EQ(d128.tail_ctas(), 44 * 3 + 24 * 4);
   const auto d64 = tail_plan(4096, 16, 132, false);
   EXPECT_EQ(d64.full_ctas, 4092);
   EXPECT_EQ(d64.tail_tiles, 4);
   EXPECT_EQ(d64.pieces, 16);
+  EXPECT_EQ(d64.long_tiles, 4);  // equal pieces
   // Fewer tiles than SMs: all of them are the tail, every piece in one round.
   const auto small = tail_plan(3, 5, 132, false);
   EXPECT_EQ(small.full_ctas, 0);
@@ -380,10 +380,67 @@ TEST(BackwardTail, PiecesShortenThePartialWave) {
     EXPECT_EQ(plan.pieces, 1);
     EXPECT_EQ(plan.tail_tiles, 0);
   }
-  // Every piece has a step: at most `steps` pieces, and the grid stays within int.
-  const auto many = tail_plan(7, 40, 132, false);
-  EXPECT_LE(many.pieces, std::min(40, fa3::step06o::kMaxPieces));
-  EXPECT_GT(many.pieces, 1);
+}
+
+// The CTAs of m1 long then m2 short pieces, each to the SM free first (the hardware's
+// hand-out), simulated: two_size_end's closed form must agree.
+long long list_schedule_end(long long sms, long long m1, long long L1, long long m2, long long L2) {
+  std::vector<long long> free_at(size_t(sms), 0);
+  long long end = 0;
+  for (long long i = 0; i < m1 + m2; ++i) {
+    auto first = std::min_element(free_at.begin(), free_at.end());
+    *first += i < m1 ? L1 : L2;
+    end = std::max(end, *first);
+  }
+  return end;
+}
+
+TEST(BackwardTail, TwoSizeEndIsTheListSchedule) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 3000; ++i) {
+    const long long sms = 1 + rng() % 140, m1 = rng() % 300, m2 = rng() % 300, L2 = 1 + rng() % 20,
+                    L1 = L2 + rng() % 12;
+    ASSERT_EQ(fa3::step06o::two_size_end(sms, m1, L1, m2, L2), list_schedule_end(sms, m1, L1, m2, L2))
+        << sms << " SMs, " << m1 << " x " << L1 << " then " << m2 << " x " << L2;
+  }
+}
+
+// The plan ends no later than any other of its kind (every p, every count of long tiles),
+// every piece has a step, and the tail's grid covers each tile's steps exactly once.
+TEST(BackwardTail, PlanIsTheBestTwoSizeSplitAndCoversEveryStep) {
+  using namespace fa3::step06o;
+  for (int sms : {78, 114, 132})
+    for (long long tiles = 1; tiles < 2200; tiles += 37)
+      for (int steps : {2, 3, 7, 16, 32, 64, 256}) {
+        const TailPlan plan = tail_plan(tiles, steps, sms, false);
+        const long long tail = tiles % sms;
+        if (tail == 0) {  // whole waves
+          ASSERT_EQ(plan.pieces, 1);
+          continue;
+        }
+        auto end_of = [&](int p, long long a) {
+          return two_size_end(sms, a * p, (steps + p - 1) / p + kPieceCostSteps, (tail - a) * (p + 1),
+                              (steps + p) / (p + 1) + kPieceCostSteps);
+        };
+        long long best = steps + kPieceCostSteps;
+        for (int p = 2; p <= std::min(steps, kMaxPieces); ++p)
+          for (long long a = 0; a <= tail; ++a)
+            if (a == tail || (p + 1 <= steps && p + 1 <= kMaxPieces)) best = std::min(best, end_of(p, a));
+        const long long planned = plan.pieces > 1 ? end_of(plan.pieces, plan.long_tiles) : steps + kPieceCostSteps;
+        ASSERT_EQ(planned, best) << tiles << " tiles of " << steps << " steps on " << sms << " SMs";
+        if (plan.pieces == 1) continue;
+        ASSERT_LE(plan.long_tiles < plan.tail_tiles ? plan.pieces + 1 : plan.pieces, steps);
+        std::vector<int> covered(size_t(plan.tail_tiles * steps), 0);
+        for (int x = 0; x < int(plan.tail_ctas()); ++x) {
+          const TailPiece t = tail_piece(x, int(plan.long_tiles), plan.pieces);
+          ASSERT_LT(t.tail, plan.tail_tiles);
+          ASSERT_LE(t.count, kMaxPieces);
+          const int n0 = t.piece * steps / t.count, n1 = (t.piece + 1) * steps / t.count;
+          ASSERT_LT(n0, n1) << "a piece without a step";
+          for (int n = n0; n < n1; ++n) ++covered[size_t(t.tail) * steps + n];
+        }
+        for (int c : covered) ASSERT_EQ(c, 1);
+      }
 }
 
 }  // namespace
