@@ -1152,17 +1152,31 @@ def tail_constants():
 
 
 def tail_plan(tiles, steps, sms, causal=False):
-    """fa3_launch.h's step06o::tail_plan on the constants parsed from it: (full CTAs, pieces, tail tiles)."""
+    """fa3_launch.h's step06o::tail_plan on the constants parsed from it: (full CTAs, pieces p,
+    tail tiles, long tiles in p pieces; the others in p + 1). Each plan's end is the greedy
+    list schedule of its CTAs, longest first (what two_size_end gives in closed form)."""
     cost, most = tail_constants()
     if causal or sms < 1 or steps < 2 or tiles % sms == 0:
-        return tiles, 1, 0
+        return tiles, 1, 0, 0
     tail = tiles % sms
-    best, pieces = steps + cost, 1
+    best, plan = steps + cost, (1, 0)
     for p in range(2, min(steps, most) + 1):
-        c = -(-tail * p // sms) * (-(-steps // p) + cost)
-        if c < best:
-            best, pieces = c, p
-    return (tiles - tail, pieces, tail) if pieces > 1 else (tiles, 1, 0)
+        for R in range(5):  # R = 0: every tail tile in p pieces
+            a = tail if R == 0 else R * sms // p
+            if R > 0 and (a >= tail or p + 1 > steps or p + 1 > most):
+                continue
+            end = lpt_schedule(tail_costs(steps, p, a, tail, cost), range(a * p + (tail - a) * (p + 1)), sms)[1]
+            if end < best:
+                best, plan = end, (p, a)
+    p, a = plan
+    return (tiles - tail, p, tail, a) if p > 1 else (tiles, 1, 0, 0)
+
+
+def tail_costs(steps, p, long_tiles, tail, cost):
+    """The tail's CTAs in the pieces' grid order: long_tiles tiles in p pieces, then the rest in
+    p + 1; the model's cost of each, ceil(steps / pieces) + cost (06o_bwd_tail_pieces.cuh: Work)."""
+    return ([-(-steps // p) + cost] * (long_tiles * p) +
+            [-(-steps // (p + 1)) + cost] * ((tail - long_tiles) * (p + 1)))
 
 
 @figure("06_fa3_hopper/figures/06o_tail_pieces.png")
@@ -1176,11 +1190,17 @@ def fig_06o(path):
     for ax, d, rows in ((axes[0], 128, rows128), (axes[1], 64, rows64)):
         B, H, N = 16384 // 2048, 2048 // d, 2048
         tiles, steps = (N // 128) * B * H, N // rows
-        full, pieces, tail = tail_plan(tiles, steps, H200_SMS)
+        full, pieces, tail, long_tiles = tail_plan(tiles, steps, H200_SMS)
         whole = [steps + cost] * tiles
-        split = [steps + cost] * full + [len(range(k * steps // pieces, (k + 1) * steps // pieces)) + cost
-                                           for _ in range(tail) for k in range(pieces)]
-        for costs, color, label in ((whole, C_WAIT, "06n: whole tiles"), (split, C_GEMM, f"06o: {tail} tiles x {pieces} pieces")):
+        equal = [steps + cost] * full + tail_costs(steps, pieces, tail, tail, cost)
+        split = [steps + cost] * full + tail_costs(steps, pieces, long_tiles, tail, cost)
+        label = (f"06o: {tail} tiles x {pieces} pieces" if long_tiles == tail else
+                 f"06o: {long_tiles} tiles x {pieces} pieces, then {tail - long_tiles} x {pieces + 1}")
+        runs = [(whole, C_WAIT, "06n: whole tiles")]
+        if long_tiles < tail:
+            runs.append((equal, C_SOFT, f"equal pieces: {tail} tiles x {pieces}"))
+        runs.append((split, C_GEMM, label))
+        for costs, color, label in runs:
             placed, span = lpt_schedule(costs, range(len(costs)), H200_SMS)
             t = np.linspace(span - 3 * (steps + cost), span, 600)
             busy = [sum(1 for s, start, c, u in placed if start <= x < start + c) for x in t]
