@@ -262,7 +262,6 @@ constexpr TailPlan tail_plan(long long tiles, int steps, int sms, bool causal) {
     }
   }
   if (plan.pieces > 1) plan.full_ctas = tiles - tail, plan.tail_tiles = tail;
-  else plan.long_tiles = 0;
   return plan;
 }
 
