@@ -14,8 +14,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <utility>
 #include <string>
+#include <utility>
 
 #include "06_fa3_hopper/swizzle.h"
 #include "06_fa3_hopper/wgmma_ops.cuh"

@@ -24,7 +24,6 @@ ladder's step is faster). Writes --csv.
 import argparse
 import csv
 import pathlib
-import statistics
 import sys
 
 import torch
