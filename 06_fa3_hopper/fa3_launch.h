@@ -311,5 +311,21 @@ inline TailPlan tail_plan_for(const AttnProblem& p) {
   return tail_plan(tiles, steps, sms, p.causal);
 }
 }
+// 06o with dQ_i added by a writer warp at d = 128 (06p_bwd_dq_writer.cuh): 06o's grid, tail
+// pieces and workspace.
+namespace step06p {
+template <int D, typename T>
+void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
+using step06o::bwd_order;
+using step06o::cta_order;
+using step06o::head_divisor;
+using step06o::HeadDivisor;
+using step06o::kTailAlign;
+using step06o::tail_piece;
+using step06o::tail_plan_for;
+using step06o::tail_sums_bytes;
+using step06o::TailPiece;
+using step06o::TailPlan;
+}
 
 }  // namespace attn::fa3

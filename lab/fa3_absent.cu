@@ -228,6 +228,19 @@ void keep_06o(std::integer_sequence<int, Ds...>) {
 template void keep_06o(BwdHeadDims);
 #endif
 
+// 06p's backward, likewise.
+#ifndef LAB_BUILT_06p_bwd_dq_writer
+namespace step06p {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06p_bwd_dq_writer"); }
+}  // namespace step06p
+template <int... Ds>
+void keep_06p(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06p::launch_backward<Ds, __nv_bfloat16>), keep(&step06p::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06p(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

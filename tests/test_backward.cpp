@@ -3,7 +3,7 @@
 // ablation 05_fa2_bwd_warps_own_keys, and on Hopper the steps 06e_bwd_wgmma (wgmma and TMA),
 // 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns, 06i_bwd_shared_space,
 // 06j_bwd_issue_order, 06k_bwd_tall_steps, 06l_bwd_tma_store, 06m_bwd_heavy_first,
-// 06n_bwd_k_in_registers, 06o_bwd_tail_pieces and 06d_fa3's,
+// 06n_bwd_k_in_registers, 06o_bwd_tail_pieces, 06p_bwd_dq_writer and 06d_fa3's,
 // the last step's): every rung that reports a backward,
 // dQ, dK, dV against the fp64 reference
 // (common/reference_backward.h) with the forward's bounds, on odd shapes (ragged tails, rows

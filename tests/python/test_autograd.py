@@ -1,5 +1,5 @@
 """pytest: autograd through attn_ladder.attention (the backward passes of 04, 05 and, on Hopper,
-06d_fa3's, the last of the steps 06e-06o, and each step's) on a GPU.
+06d_fa3's, the last of the steps 06e-06p, and each step's) on a GPU.
 
 Checks dQ, dK, dV of loss = sum(O * W) against PyTorch autograd through fp64 math attention
 (the ladder's conventions: GQA, bottom-right causal mask) on odd shapes, in bf16 and fp16
@@ -29,7 +29,7 @@ if not attn_ladder.library_path().is_file():
 
 HOPPER = torch.cuda.get_device_capability() == (9, 0)  # 06's kernels are built for sm_90a alone
 BACKWARD_RUNGS = [r for r in ("04_fa1_tiled", "05_fa2_reordered", "05_fa2_dq_pass") if r in attn_ladder.rungs()]
-BACKWARD_RUNGS += [r for r in ("06d_fa3", "06e_bwd_wgmma", "06f_bwd_dq_reduce", "06g_bwd_one_dq_add", "06h_bwd_dq_columns", "06i_bwd_shared_space", "06j_bwd_issue_order", "06k_bwd_tall_steps", "06l_bwd_tma_store", "06m_bwd_heavy_first", "06n_bwd_k_in_registers", "06o_bwd_tail_pieces", "06l_bwd_deterministic") if HOPPER and r in attn_ladder.rungs() and attn_ladder.has_backward(r)]
+BACKWARD_RUNGS += [r for r in ("06d_fa3", "06e_bwd_wgmma", "06f_bwd_dq_reduce", "06g_bwd_one_dq_add", "06h_bwd_dq_columns", "06i_bwd_shared_space", "06j_bwd_issue_order", "06k_bwd_tall_steps", "06l_bwd_tma_store", "06m_bwd_heavy_first", "06n_bwd_k_in_registers", "06o_bwd_tail_pieces", "06p_bwd_dq_writer", "06l_bwd_deterministic") if HOPPER and r in attn_ladder.rungs() and attn_ladder.has_backward(r)]
 BOUND = {torch.bfloat16: 1e-2, torch.float16: 3e-3}  # common/tolerance.h, the forward's
 SHAPES = [  # (B, H, Hkv, Nq, Nk, d, causal): one key, odd lengths, GQA 4, Nq < Nk and Nq > Nk
     (1, 2, 2, 1, 1, 64, False),
@@ -99,7 +99,7 @@ def assert_compiled_grads_match(loss, q, k, v):
         assert rel_err(traced, eager) <= 1e-2
 
 
-STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "05_fa2_reordered") if r in BACKWARD_RUNGS]
+STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "06p_bwd_dq_writer", "05_fa2_reordered") if r in BACKWARD_RUNGS]
 
 
 @pytest.mark.parametrize("rung", STRIDED_RUNGS)
@@ -108,7 +108,7 @@ STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "05_fa2_reordered
                          ids=lambda s: "B{}H{}kv{}_Nq{}_Nk{}_d{}{}".format(*s[:6], "_causal" * s[6]))
 def test_transposed_output_gradient(rung, shape):
     """O used as a training step's block uses it, O.transpose(1, 2).reshape(B, N, H·d): dL/dO
-    then arrives as the transpose of a [B, N, H, d] tensor. 06o's backward (06d_fa3's) reads it
+    then arrives as the transpose of a [B, N, H, d] tensor. 06o's and 06p's backward (06d_fa3's) read it
     as it lies, through a 4-D tensor map and strided pre-pass loads; rung 05 gets a copy (the
     hook asks the binding's dout_for which). Every gradient within the forward's bounds of
     fp64's (a wrong stride would give garbage)."""
@@ -121,7 +121,7 @@ def test_transposed_output_gradient(rung, shape):
     o = attn_ladder.attention(q, k, v, rung=rung, causal=causal)
     o.register_hook(lambda g: seen.append((g.is_contiguous(), attn_ladder._capi.dout_for(rung, g) is g)))
     (o.transpose(1, 2).reshape(B, Nq, H * d) * w).sum().backward()
-    assert seen == [(False, rung != "05_fa2_reordered")]  # strided; read in place by 06o's backward only
+    assert seen == [(False, rung != "05_fa2_reordered")]  # strided; read in place by 06o's and 06p's backward only
     w_bhnd = w.view(B, Nq, H, d).transpose(1, 2)
     for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), reference_grads(q, k, v, w_bhnd, causal)):
         assert rel_err(got, want) <= BOUND[torch.bfloat16], f"d{name}: relative error {rel_err(got, want):.2e}"
