@@ -1218,13 +1218,79 @@ def fig_06o(path):
     save(fig, path)
 
 
+@figure("06_fa3_hopper/figures/06p_dq_writer.png")
+def fig_06p(path):
+    """Left: one step's barriers at d = 128, 06o against 06p (06p_bwd_dq_writer.cuh: who syncs,
+    who only arrives, and the counts, parsed from the code). Right: 06p's speedup over cuDNN
+    divided by 06o's at d = 128, from the reference run's rows (results/nvidia_h200/vs_cudnn.csv,
+    the run that has 06p_bwd_dq_writer; each rung with its own cuDNN calls in the same rounds)."""
+    (wg_threads,) = parse("06_fa3_hopper/06p_bwd_dq_writer.cuh", r"kWgThreads = (\d+);")
+    (writer_threads,) = parse("06_fa3_hopper/06p_bwd_dq_writer.cuh", r"kAtDsAndDq = 2 \* Cfg::kWgThreads \+ \(Cfg::kDqWriter \? (\d+) : 0\);")
+    both, with_writer = 2 * wg_threads, 2 * wg_threads + writer_threads
+    fig = plt.figure(figsize=(14, 4.8))
+    ax = fig.add_axes([0.0, 0.02, 0.64, 0.9])
+    blank(ax, (0, 12), (0, 10.4))
+    steps_06o = [("dSᵀ → shared", "dSᵀ → shared", None), ("bar.sync dSᵀ", "bar.sync dSᵀ", None),
+                 ("dQ_i, dK", "dQ_i, dK", None), ("dQ_i → buffer", "dQ_i → buffer", None),
+                 ("bar.sync dQ", "bar.sync dQ", None), ("bulk add dQ_i", "", None), ("next Sᵀ, dPᵀ", "next Sᵀ, dPᵀ", None)]
+    steps_06p = [("dSᵀ → buf n % 2", "dSᵀ → buf n % 2", "bar.arrive dSᵀ"), ("bar.sync dSᵀ", "bar.sync dSᵀ", ""),
+                 ("dQ_i, dK", "dQ_i, dK", ""), ("dQ_i → buffer", "dQ_i → buffer", ""),
+                 ("bar.arrive dQ", "bar.arrive dQ", "bar.sync dQ"), ("next Sᵀ, dPᵀ", "next Sᵀ, dPᵀ", "bulk add dQ_i"),
+                 ("", "", "wait: read")]
+    for x0, width, title, rows, lanes in ((0.1, 4.4, f"06o: barriers of {both} threads", steps_06o, ("wg 0", "wg 1")),
+                                          (4.9, 7.0, f"06p: barriers of {with_writer} threads", steps_06p,
+                                           ("wg 0", "wg 1", "writer warp"))):
+        ax.text(x0 + width / 2, 10.1, title, ha="center", fontsize=9.5, weight="bold")
+        w = width / len(lanes)
+        for c, name in enumerate(lanes):
+            ax.text(x0 + c * w + w / 2, 9.5, name, ha="center", fontsize=8.5)
+        for r, row in enumerate(rows):
+            y = 8.6 - 1.25 * r
+            for c, text in enumerate(row[:len(lanes)]):
+                if not text:
+                    continue
+                kind = ("wait" if text.startswith("bar.sync") or text.startswith("wait") else
+                        "load" if text.startswith("bulk") or text.startswith("bar.arrive") else
+                        "gemm" if "dK" in text or "Sᵀ, dPᵀ" in text else "smem")
+                color = {"wait": C_WAIT, "load": C_LOAD, "gemm": C_GEMM, "smem": C_SMEM}[kind]
+                box(ax, x0 + c * w + 0.05, y, w - 0.1, 0.8, text, color, fs=7 if len(lanes) == 3 else 7.5,
+                    tc="white" if kind == "gemm" else "black")
+    ax.text(0.2, 0.1, "grey: waits for the others; green: arrives and goes on, or the copy engine's add; the writer's "
+            "arrival after the read opens the next step's dSᵀ barrier", fontsize=8)
+    ax2 = fig.add_axes([0.7, 0.14, 0.29, 0.72])
+    with open(REPO / "results/nvidia_h200/vs_cudnn.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    shas = {r["git_sha"] for r in rows if r["rung"] == "06p_bwd_dq_writer_bwd"}
+    run = [r for r in rows if r["git_sha"] in shas and r["d"] == "128"]
+    for causal, marker, color in ((0, "o", C_GEMM), (1, "s", C_SOFT)):
+        # each rung's speedup over its own cuDNN calls: the two rungs' ratio under matched clocks
+        sp = {(r["rung"], int(r["N"])): float(r["speedup"]) for r in run if int(r["causal"]) == causal}
+        ns = sorted(n for (rung, n) in sp if rung == "06p_bwd_dq_writer_bwd")
+        ratio = [sp[("06p_bwd_dq_writer_bwd", n)] / sp[("06o_bwd_tail_pieces_bwd", n)] for n in ns]
+        ax2.plot(ns, ratio, marker=marker, color=color, label="causal" if causal else "no mask")
+    ax2.axhline(1.0, color="black", lw=0.8)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xticks([1024, 2048, 4096, 8192, 16384], ["1k", "2k", "4k", "8k", "16k"])
+    ax2.set_xlabel("N (B·N = 16384), d = 128")
+    ax2.set_ylabel("06p's speedup over cuDNN / 06o's (> 1: 06p faster)")
+    ax2.set_title(f"measured, one H200, commit {', '.join(sorted(shas))}", fontsize=9)
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.suptitle("06o → 06p: the dQ barrier no longer holds the consumers; a writer warp waits there instead", fontsize=10.5)
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/bwd_vs_cudnn_turns.png")
 def fig_bwd_vs_cudnn(path):
     """The backward passes against cuDNN's, timed call by call in turns (scripts/vs_cudnn.py
-    --backward; results/nvidia_h200/vs_cudnn.csv): median speedup by N, the rounds' range as a band."""
+    --backward; results/nvidia_h200/vs_cudnn.csv): median speedup by N, the rounds' range as a
+    band. A rung at a head dim timed in several runs: its latest run's rows (the CSV's last)."""
     with open(REPO / "results/nvidia_h200/vs_cudnn.csv", newline="") as fh:
         rows = [r for r in csv.DictReader(fh) if r["rung"].endswith("_bwd")]
-    styles = {"06o_bwd_tail_pieces_bwd": (C_GEMM, "-", "06o (06d_fa3's backward)"),
+    latest = {(r["rung"], r["d"]): r["git_sha"] for r in rows}
+    rows = [r for r in rows if r["git_sha"] == latest[(r["rung"], r["d"])]]
+    styles = {"06p_bwd_dq_writer_bwd": (C_GEMM, "-", "06p (06d_fa3's backward)"),
+              "06o_bwd_tail_pieces_bwd": (C_SMEM, "-.", "06o (at d = 64 also 06p's kernel)"),
               "06n_bwd_k_in_registers_bwd": (C_SOFT, "--", "06n"),
               "05_fa2_reordered_bwd": (C_LOAD, ":", "05 (FlashAttention-2's)")}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
