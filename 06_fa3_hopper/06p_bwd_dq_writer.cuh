@@ -69,6 +69,7 @@ struct Config {
   // dQ_i added by the writer warp (64-row steps, d = 128); at d = 64 by 06o's issuer
   static constexpr bool kDqWriter = B_r == kChunkCols;
   static constexpr int kDsBuffers = kDqWriter ? 2 : 1;  // a warpgroup may be a step ahead
+  static_assert(!kDqWriter || kStages == 2, "dSᵀ's buffer is the ring's stage: the step's parity");
 };
 
 template <class Cfg, typename T, int D>
@@ -450,7 +451,7 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
   // dQ_i: by column halves (B_r = 64) or by query halves (B_r = 128, all columns)
   const int c0 = Cfg::kDsChunks == 1 ? wg * Cfg::kDqN : 0;
   const int q0 = Cfg::kDsChunks == 1 ? 0 : wg * Cfg::kChunkCols;
-  // issues the CTA's bulk reductions: the pieces' sums; without the writer dQ_i's too
+  // without the writer (d = 64): adds dQ_i by the CTA's bulk reduction (a piece's sums: `lead`)
   const bool issuer = wg == 0 && threadIdx.x % Cfg::kWgThreads == 0;
   const bool keys_ragged = wg_key0 + Cfg::kWgKeys > p.Nk;
 
@@ -528,7 +529,6 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg) {
     // barrier: both halves stored, and the last bulk add (the issuer's, or the writer's,
     // which arrives) has read the dQ buffer.
     T* dST = s.ds[Cfg::kDqWriter ? stage : 0];  // stage = n mod 2 (kStages = 2)
-    static_assert(!Cfg::kDqWriter || Cfg::kStages == 2, "dSᵀ's buffer by the ring's stage");
     store_ds_t<Cfg, T>(dST + ds_rows, dS_op);
     fence_proxy_async_shared();
     if (!Cfg::kDqWriter && issuer) bulk_wait_group_read<0>();
