@@ -121,19 +121,20 @@ Stage stage_06d(std::string name, std::string prev, std::string summary) {
 // The backward steps of 06d (06e_bwd_wgmma.cuh, 06f_bwd_dq_reduce.cuh, 06g_bwd_one_dq_add.cuh,
 // 06h_bwd_dq_columns.cuh, 06i_bwd_shared_space.cuh, 06j_bwd_issue_order.cuh,
 // 06k_bwd_tall_steps.cuh, 06l_bwd_tma_store.cuh, 06m_bwd_heavy_first.cuh,
-// 06n_bwd_k_in_registers.cuh, 06o_bwd_tail_pieces.cuh, 06p_bwd_dq_writer.cuh) for the head
-// dims they were built for (fa3::BwdHeadDims), with 05's workspace (dQ_acc, D); 06o and 06p
-// add the tail's dK, dV sums.
+// 06n_bwd_k_in_registers.cuh, 06o_bwd_tail_pieces.cuh, 06p_bwd_dq_writer.cuh,
+// 06q_bwd_persistent.cuh) for the head dims they were built for (fa3::BwdHeadDims), with 05's
+// workspace (dQ_acc, D); 06o-06q add the tail's dK, dV sums, 06q its tile counter.
 // l_deterministic is not a step but 06l's ablation: dQ added in key-block order.
 enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_columns, i_shared_space, j_issue_order, k_tall_steps,
-                     l_tma_store, l_deterministic, m_heavy_first, n_k_in_registers, o_tail_pieces, p_dq_writer };
+                     l_tma_store, l_deterministic, m_heavy_first, n_k_in_registers, o_tail_pieces, p_dq_writer,
+                     q_persistent };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
 constexpr BwdStep kBackwardOf06d = BwdStep::p_dq_writer;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});
   if (s.backward_head_dims.empty()) return;  // a lab build without them
-  s.backward_strided_dout = kStep >= BwdStep::o_tail_pieces;  // dO by a 4-D tensor map (06o's, 06p's launch)
+  s.backward_strided_dout = kStep >= BwdStep::o_tail_pieces;  // dO by a 4-D tensor map (06o's launch, 06p's, 06q's)
   s.backward_refuse = [](const AttnProblem& p) -> std::string {
     const int64_t ctas = fa2::bwd_ctas(p, fa3::step06e::kBwdKeysPerCta);
     if (ctas > INT_MAX)
@@ -143,11 +144,13 @@ void add_backward_06(Stage& s) {
   s.backward_workspace_bytes = [](const AttnProblem& p) {
     size_t extra = 0;
     if constexpr (kStep == BwdStep::l_deterministic) extra = fa3::step06l::dq_turn_bytes(p);
+    else if constexpr (kStep == BwdStep::q_persistent)  // the tail's sums and the tile counter
+      extra = fa3::step06q::workspace_bytes_after_05(fa3::step06o::tail_plan_for(p), p.d);
     else if constexpr (kStep >= BwdStep::o_tail_pieces)  // the tail's dK, dV sums (the launch's plan)
       extra = fa3::step06o::tail_workspace_bytes(fa3::step06o::tail_plan_for(p), p.d);
     return fa2::bwd_workspace_bytes(p, fa2::DqMode::atomics) + extra;
   };
-  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06p one.
+  // 06e and 06f add two partials of dQ_i per step (one per consumer warpgroup), 06g-06q one.
   s.model_backward_hbm_bytes = [](const AttnProblem& p) {
     constexpr int kDqAdds = kStep == BwdStep::e_atomics || kStep == BwdStep::f_bulk_per_warpgroup ? 2 : 1;
     const int rows = kStep >= BwdStep::k_tall_steps ? fa3::step06k::rows_per_step(p.d) : fa3::step06e::kBwdRowsPerStep;
@@ -158,7 +161,8 @@ void add_backward_06(Stage& s) {
     instance_for<LaunchFn>(p, fa3::BwdHeadDims{}, [](auto dim, auto type) {
       constexpr int D = decltype(dim)::value;
       using T = typename decltype(type)::type;
-      if constexpr (kStep == BwdStep::p_dq_writer) return &fa3::step06p::launch_backward<D, T>;
+      if constexpr (kStep == BwdStep::q_persistent) return &fa3::step06q::launch_backward<D, T>;
+      else if constexpr (kStep == BwdStep::p_dq_writer) return &fa3::step06p::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::o_tail_pieces) return &fa3::step06o::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::n_k_in_registers) return &fa3::step06n::launch_backward<D, T>;
       else if constexpr (kStep == BwdStep::m_heavy_first) return &fa3::step06m::launch_backward<D, T>;
@@ -276,8 +280,8 @@ std::vector<Stage> fa3_stages() {
   // 06d_fa3's backward is the last backward step's kernel (kBackwardOf06d); the stages
   // 06e_bwd_wgmma, 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns,
   // 06i_bwd_shared_space, 06j_bwd_issue_order, 06k_bwd_tall_steps, 06l_bwd_tma_store,
-  // 06m_bwd_heavy_first, 06n_bwd_k_in_registers, 06o_bwd_tail_pieces and 06p_bwd_dq_writer
-  // run 06d's forward and their own backward, each checked against the step before it.
+  // 06m_bwd_heavy_first, 06n_bwd_k_in_registers, 06o_bwd_tail_pieces, 06p_bwd_dq_writer and
+  // 06q_bwd_persistent run 06d's forward and their own backward, each checked against the step before it.
   auto launch_06a = [](auto dim, auto type) {
     return &fa3::step06a::launch<decltype(dim)::value, typename decltype(type)::type>;
   };
@@ -313,7 +317,7 @@ std::vector<Stage> fa3_stages() {
       with_backward<kBackwardOf06d>(
           stage_06d<persistent>("06d_fa3", "06d2_lazy_softmax",
                                 "persistent CTAs: the producer loads the next tile while the consumers finish")),
-      // The backward's steps, each with 06d's forward: 06e-06p.
+      // The backward's steps, each with 06d's forward: 06e-06q.
       with_backward<BwdStep::e_atomics>(
           stage_06d<persistent>("06e_bwd_wgmma", "06d_fa3",
                                 "06d whose backward is 06e's: the five GEMMs on wgmma, keys as M, dQ by atomics")),
@@ -350,6 +354,9 @@ std::vector<Stage> fa3_stages() {
       with_backward<BwdStep::p_dq_writer>(
           stage_06d<persistent>("06p_bwd_dq_writer", "06o_bwd_tail_pieces",
                                 "06o with dQ added by a writer warp at d = 128: the consumers no longer wait for it")),
+      with_backward<BwdStep::q_persistent>(
+          stage_06d<persistent>("06q_bwd_persistent", "06p_bwd_dq_writer",
+                                "06p with persistent CTAs at d = 64: the next tile's K, V load under this one")),
       // Ablation of 06l: dQ added in key-block order, bitwise reproducible (06l_bwd.md).
       with_backward<BwdStep::l_deterministic>(
           stage_06d<persistent>("06l_bwd_deterministic", "06l_bwd_tma_store",

@@ -241,6 +241,19 @@ void keep_06p(std::integer_sequence<int, Ds...>) {
 template void keep_06p(BwdHeadDims);
 #endif
 
+// 06q's backward, likewise.
+#ifndef LAB_BUILT_06q_bwd_persistent
+namespace step06q {
+template <int D, typename T>
+void launch_backward(const AttnProblem&, const AttnBwdTensors&, cudaStream_t) { absent("06q_bwd_persistent"); }
+}  // namespace step06q
+template <int... Ds>
+void keep_06q(std::integer_sequence<int, Ds...>) {
+  ((keep(&step06q::launch_backward<Ds, __nv_bfloat16>), keep(&step06q::launch_backward<Ds, __half>)), ...);
+}
+template void keep_06q(BwdHeadDims);
+#endif
+
 #ifndef LAB_BUILT_fp8_fa3
 template <int D>
 void launch_fp8(const AttnProblem&, const AttnTensors&, const Fp8Options&, Schedule, cudaStream_t) {

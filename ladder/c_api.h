@@ -119,8 +119,8 @@ int attn_run_backward_async(const char* rung, const attn_problem_t* p, const voi
                             void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
 /* Whether `rung`'s backward reads dout with any strides (attn_run_backward_strided_async):
-   *strided = 1 (06o_bwd_tail_pieces, 06p_bwd_dq_writer, 06d_fa3) or 0 (it takes dout
-   contiguous). No GPU needed. */
+   *strided = 1 (06o_bwd_tail_pieces, 06p_bwd_dq_writer, 06q_bwd_persistent, 06d_fa3) or 0
+   (it takes dout contiguous). No GPU needed. */
 int attn_backward_strided_dout(const char* rung, int* strided, char* err, size_t err_len);
 
 /* attn_run_backward_async with dout's strides: dout_strides[3] = (batch, head, row) in

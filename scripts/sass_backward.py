@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Checks in the SASS what 06_fa3_hopper/06i_bwd.md, 06k_bwd.md, 06l_bwd.md, 06n_bwd.md and
-06p_bwd.md say of the backward steps 06h-06p.
+"""Checks in the SASS what 06_fa3_hopper/06i_bwd.md, 06k_bwd.md, 06l_bwd.md, 06n_bwd.md,
+06p_bwd.md and 06q_bwd.md say of the backward steps 06h-06q.
 
-For each fa3_backward kernel of 06h-06p (every head dim and dtype built):
+For each fa3_backward kernel of 06h-06q (every head dim and dtype built):
   generic     plain loads and stores of shared memory through a generic pointer (`LD.E`,
               `ST.E`, not `LDS`/`STS`/`LDG`/`STG`). 06h has them (aligned_shared's integer
-              round trip, the pitfall 06i removes); 06i-06p must have none.
+              round trip, the pitfall 06i removes); 06i-06q must have none.
   pipelined   every wgmma group (a run of HGMMA ending with the one that carries `gsb0`)
               holds more than one HGMMA: when ptxas serializes a kernel's wgmmas (a wait
               inside a branch, too few registers) each HGMMA becomes a group of its own.
@@ -15,14 +15,16 @@ For each fa3_backward kernel of 06h-06p (every head dim and dtype built):
               stores (`STS.64`) come before the wait for dK. 06k at d = 128: the same.
   06k at d = 64 the same issue order, but dV goes after dSᵀ (128-row steps): no wait between
               dV's issue and dQ_i's (dV runs under the dSᵀ stores and the barrier); dK as 06j.
-              06l-06p: 06k's order at both head dims; 06n's-06p's Sᵀ at d = 64 is an
+              06l-06q: 06k's order at both head dims; 06n's-06q's Sᵀ at d = 64 is an
               RS group (K_j from registers), so their order there begins RS SS RS SS RS.
-  epilogue    06k stores dK_j, dV_j from registers (`STG`); 06l-06p have no `STG` at
-              all and store them by TMA (`UTMASTG`); 06o's and 06p's pieces' instance
+  epilogue    06k stores dK_j, dV_j from registers (`STG`); 06l-06q have no `STG` at
+              all and store them by TMA (`UTMASTG`); 06o's-06q's pieces' instance
               (kPieces) adds them by bulk reductions (`UBLKRED`, with dQ_i's), no
               `UTMASTG`, no `STG`.
   06p         at d = 128 the consumers arrive at the dQ barrier (`BAR.ARV`), the writer warp
               waits there; at d = 64 each kernel is 06o's, instruction for instruction.
+  06q         at d = 128 each kernel is 06p's, instruction for instruction; at d = 64 the
+              whole tiles' kernel takes tiles from the counter (one `ATOMG`).
 Exit 0: all hold; 1: a violation; 77 (CTest: skipped): no cuobjdump, or a library built
 without these steps (a lab build).
 
@@ -40,12 +42,13 @@ from sass_order import SKIP, WAIT, find_cuobjdump, functions, groups, sass_of_bi
 STEPS = {"06h": ("06h_bwd", False), "06i": ("06i_bwd", True), "06j": ("06j_bwd", True),
          "06k": ("06k_bwd", True), "06l": ("06l_bwd", True), "06m": ("06m_bwd", True),
          "06n": ("06n_bwd", True), "06o": ("06o_bwd", True),
-         "06p": ("06p_bwd", True)}  # ELF name, must be LDS/STS
+         "06p": ("06p_bwd", True), "06q": ("06q_bwd", True)}  # ELF name, must be LDS/STS
 STG = re.compile(r"^(?:@!?U?P\w+\s+)?STG\b")
 TMA_STORE = re.compile(r"^(?:@!?U?P\w+\s+)?UTMASTG\b")
 BULK_ADD = re.compile(r"^(?:@!?U?P\w+\s+)?UBLKRED\b")
 GENERIC = re.compile(r"^(?:@!?U?P\w+\s+)?(?:LD|ST)\.E\b")
 BAR_ARRIVE = re.compile(r"^(?:@!?U?P\w+\s+)?BAR\.ARV\b")
+ATOMIC = re.compile(r"^(?:@!?U?P\w+\s+)?ATOMG\b")
 
 
 def generic_count(code):
@@ -104,6 +107,21 @@ def check_06p(name, code, sass_06o, lines):
     return arrives > 0
 
 
+def check_06q(name, code, sass_06p, lines):
+    """d = 128: the same instructions as 06p's kernel; d = 64, the whole tiles (kPieces =
+    false): one atomic, the tile counter's."""
+    if "ILi128E" in name:
+        twin = functions(sass_06p, re.escape(name.replace("step06q", "step06p"))).get(name.replace("step06q", "step06p"))
+        good = twin is not None and [t for _, t in code] == [t for _, t in twin]
+        lines.append(f"  {'ok' if good else 'VIOLATION'}: d = 128: {len(code)} instructions, 06p's kernel opcode for opcode")
+        return good
+    if "Lb1E" in name:
+        return True
+    atoms = sum(1 for _, t in code if ATOMIC.match(t))
+    lines.append(f"  {'ok' if atoms == 1 else 'VIOLATION'}: d = 64: {atoms} ATOMG (the tile counter's: 1 expected)")
+    return atoms == 1
+
+
 def check(sass_by_step):
     all_ok = True
     for step, sass in sass_by_step.items():
@@ -124,15 +142,15 @@ def check(sass_by_step):
             good = bool(gs) and single == 0
             lines.append(f"  {'ok' if good else 'VIOLATION'}: {len(gs)} wgmma groups, {single} of a single HGMMA")
             ok &= good
-            if step in ("06j", "06k", "06l", "06m", "06n", "06o", "06p"):
-                k_held = step in ("06n", "06o", "06p") and "ILi64E" in name  # 06n_bwd.md: K_j in registers at d = 64
+            if step in ("06j", "06k", "06l", "06m", "06n", "06o", "06p", "06q"):
+                k_held = step in ("06n", "06o", "06p", "06q") and "ILi64E" in name  # 06n_bwd.md: K_j in registers at d = 64
                 ok &= check_06j_order(code, lines, early_dv=step == "06j" or "ILi128E" in name,
                                       s_kind="RS" if k_held else "SS")
-            if step in ("06k", "06l", "06m", "06n", "06o", "06p"):
+            if step in ("06k", "06l", "06m", "06n", "06o", "06p", "06q"):
                 stg = sum(1 for _, t in code if STG.match(t))
                 tma = sum(1 for _, t in code if TMA_STORE.match(t))
                 adds = sum(1 for _, t in code if BULK_ADD.match(t))
-                pieces = step in ("06o", "06p") and "Lb1E" in name  # fa3_backward<D, T, kPieces = true>
+                pieces = step in ("06o", "06p", "06q") and "Lb1E" in name  # fa3_backward<D, T, kPieces = true>
                 if step == "06k":
                     good, want = stg > 0 and tma == 0, "STG, no UTMASTG"
                 elif pieces:  # dQ_i's add and the piece's dK, dV sums: bulk reductions only
@@ -144,6 +162,8 @@ def check(sass_by_step):
                 ok &= good
             if step == "06p":
                 ok &= check_06p(name, code, sass_by_step.get("06o", ""), lines)
+            if step == "06q":
+                ok &= check_06q(name, code, sass_by_step.get("06p", ""), lines)
             print("\n".join(lines))
             all_ok &= ok
     return all_ok
@@ -165,7 +185,7 @@ def main():
             return SKIP
         sass_by_step[step] = sass
     ok = check(sass_by_step)
-    print("06h-06p's SASS is as 06i_bwd.md, 06k_bwd.md, 06l_bwd.md, 06n_bwd.md and 06p_bwd.md say" if ok else "FAILED: see VIOLATION above")
+    print("06h-06q's SASS is as 06i_bwd.md, 06k_bwd.md, 06l_bwd.md, 06n_bwd.md, 06p_bwd.md and 06q_bwd.md say" if ok else "FAILED: see VIOLATION above")
     return 0 if ok else 1
 
 

@@ -49,12 +49,14 @@ declare -A file06=(
   [06n]=06n_bwd_k_in_registers.cuh
   [06o]=06o_bwd_tail_pieces.cuh
   [06p]=06p_bwd_dq_writer.cuh
+  [06q]=06q_bwd_persistent.cuh
 )
 # The backward of 06d (06e_bwd.md) climbs in its own chain: 06e, then 06f's dQ reduction,
 # then 06g's one reduction per CTA, then 06h's dQ split by columns, then 06i's shared
 # address space, then 06j's issue order, 06k's taller steps, 06l's TMA epilogue, 06m's
-# grid order, 06n's K_j in registers, 06o's pieces of the last wave and 06p's dQ writer.
-steps06bwd=(06e 06f 06g 06h 06i 06j 06k 06l 06m 06n 06o 06p)
+# grid order, 06n's K_j in registers, 06o's pieces of the last wave, 06p's dQ writer and
+# 06q's persistent CTAs.
+steps06bwd=(06e 06f 06g 06h 06i 06j 06k 06l 06m 06n 06o 06p 06q)
 
 # ---- pairs allowed past the budget, "from->to" -> reason (none at present)
 declare -A exceptions=()

@@ -3,7 +3,7 @@
 // ablation 05_fa2_bwd_warps_own_keys, and on Hopper the steps 06e_bwd_wgmma (wgmma and TMA),
 // 06f_bwd_dq_reduce, 06g_bwd_one_dq_add, 06h_bwd_dq_columns, 06i_bwd_shared_space,
 // 06j_bwd_issue_order, 06k_bwd_tall_steps, 06l_bwd_tma_store, 06m_bwd_heavy_first,
-// 06n_bwd_k_in_registers, 06o_bwd_tail_pieces, 06p_bwd_dq_writer and 06d_fa3's,
+// 06n_bwd_k_in_registers, 06o_bwd_tail_pieces, 06p_bwd_dq_writer, 06q_bwd_persistent and 06d_fa3's,
 // the last step's): every rung that reports a backward,
 // dQ, dK, dV against the fp64 reference
 // (common/reference_backward.h) with the forward's bounds, on odd shapes (ragged tails, rows
@@ -74,8 +74,9 @@ double chain_error(const std::vector<double>& a, const std::vector<double>& b, c
 }
 
 // Every rung with a backward on p: each gradient written and finite, within tolerance() of
-// fp64, and within chain_tolerance() of the rung below with a backward.
-void check_backward(const AttnProblem& p, cudaStream_t stream) {
+// fp64, and within chain_tolerance() of the rung below with a backward. only: that rung alone,
+// against fp64.
+void check_backward(const AttnProblem& p, cudaStream_t stream, const char* only = nullptr) {
   SCOPED_TRACE(p.describe());
   const uint64_t seed = 101 + p.Nq * 7 + p.Nk * 3 + p.d + p.Hkv;
   ProblemInputs in(p, seed, Fill::normal, 0.f, 1.f, stream, true);
@@ -87,7 +88,7 @@ void check_backward(const AttnProblem& p, cudaStream_t stream) {
   int ran = 0;
   std::vector<std::vector<double>> below;  // the last rung's dQ, dK, dV
   for (const Stage* s : backward_stages()) {
-    if (!backward_runs_here(*s, p)) continue;
+    if (!backward_runs_here(*s, p) || (only && s->name != only)) continue;
     SCOPED_TRACE(s->name);
     const RungGrads out = run_rung_backward(*s, in, g, stream);
     const DeviceBuffer* got[3] = {&out.dq, &out.dk, &out.dv};
@@ -104,6 +105,10 @@ void check_backward(const AttnProblem& p, cudaStream_t stream) {
     }
     below = std::move(grads);
     ++ran;
+  }
+  if (only) {
+    if (ran == 0) GTEST_SKIP() << only << " does not run here";
+    return;
   }
   EXPECT_GE(ran, 2) << "04_fa1_tiled and 05_fa2_reordered both have a backward for this problem";
 }
@@ -233,6 +238,20 @@ TEST_F(Gpu, SanitizeBackwardShapes) {
       p.d = d;
       check_backward(p, stream_);
     }
+}
+
+// 06q's CTAs walk tiles (d = 64) and take a second one only where there are more tiles than
+// SMs: 200 of two steps each (a GQA group of 2, one Q block), the ring and both K_j, V_j
+// buffers wrapping across tiles. 06q alone: every rung on it would take minutes under racecheck.
+TEST_F(Gpu, SanitizeBackwardWalkingCtas) {
+  AttnProblem p;
+  p.H = 2;
+  p.Hkv = 1;
+  p.Nq = 40;
+  p.Nk = 200 * 128 - 50;
+  p.causal = true;
+  p.d = 64;
+  check_backward(p, stream_, "06q_bwd_persistent");
 }
 
 }  // namespace

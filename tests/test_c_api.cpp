@@ -166,8 +166,9 @@ TEST(CApi, BackwardDoutStrides) {
     EXPECT_TRUE(find_stage("06d_fa3").backward_strided_dout);
     EXPECT_TRUE(find_stage("06o_bwd_tail_pieces").backward_strided_dout);
     EXPECT_TRUE(find_stage("06p_bwd_dq_writer").backward_strided_dout);
+    EXPECT_TRUE(find_stage("06q_bwd_persistent").backward_strided_dout);
     EXPECT_FALSE(find_stage("06n_bwd_k_in_registers").backward_strided_dout);
-    EXPECT_EQ(with_strides, 3);
+    EXPECT_EQ(with_strides, 4);
   }
   EXPECT_EQ(attn_backward_strided_dout("no_such_rung", nullptr, err, sizeof err), ATTN_UNKNOWN_RUNG);
 

@@ -207,7 +207,7 @@ def _load():
             ctypes.c_void_p,  # dv
         ] + lib.attn_run_async.argtypes[7:]  # workspace, workspace_bytes, stream, err, err_len
         lib.attn_run_backward_async.restype = ctypes.c_int
-    if hasattr(lib, "attn_run_backward_strided_async"):  # dout with its own strides (06o's, 06p's backward)
+    if hasattr(lib, "attn_run_backward_strided_async"):  # dout with its own strides (06o's-06q's backward)
         lib.attn_backward_strided_dout.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
                                                    ctypes.c_size_t]
         lib.attn_backward_strided_dout.restype = ctypes.c_int
@@ -429,7 +429,7 @@ _strided_cache = {}
 
 def backward_takes_strided_dout(rung):
     """Whether `rung`'s backward reads dout with its own strides (06o_bwd_tail_pieces,
-    06p_bwd_dq_writer, 06d_fa3); the others take it contiguous."""
+    06p_bwd_dq_writer, 06q_bwd_persistent, 06d_fa3); the others take it contiguous."""
     if rung not in _strided_cache:
         lib = _load()
         strided = ctypes.c_int(0)

@@ -1,5 +1,5 @@
 """pytest: autograd through attn_ladder.attention (the backward passes of 04, 05 and, on Hopper,
-06d_fa3's, the last of the steps 06e-06p, and each step's) on a GPU.
+06d_fa3's, the last of the steps 06e-06q, and each step's) on a GPU.
 
 Checks dQ, dK, dV of loss = sum(O * W) against PyTorch autograd through fp64 math attention
 (the ladder's conventions: GQA, bottom-right causal mask) on odd shapes, in bf16 and fp16
@@ -29,7 +29,7 @@ if not attn_ladder.library_path().is_file():
 
 HOPPER = torch.cuda.get_device_capability() == (9, 0)  # 06's kernels are built for sm_90a alone
 BACKWARD_RUNGS = [r for r in ("04_fa1_tiled", "05_fa2_reordered", "05_fa2_dq_pass") if r in attn_ladder.rungs()]
-BACKWARD_RUNGS += [r for r in ("06d_fa3", "06e_bwd_wgmma", "06f_bwd_dq_reduce", "06g_bwd_one_dq_add", "06h_bwd_dq_columns", "06i_bwd_shared_space", "06j_bwd_issue_order", "06k_bwd_tall_steps", "06l_bwd_tma_store", "06m_bwd_heavy_first", "06n_bwd_k_in_registers", "06o_bwd_tail_pieces", "06p_bwd_dq_writer", "06l_bwd_deterministic") if HOPPER and r in attn_ladder.rungs() and attn_ladder.has_backward(r)]
+BACKWARD_RUNGS += [r for r in ("06d_fa3", "06e_bwd_wgmma", "06f_bwd_dq_reduce", "06g_bwd_one_dq_add", "06h_bwd_dq_columns", "06i_bwd_shared_space", "06j_bwd_issue_order", "06k_bwd_tall_steps", "06l_bwd_tma_store", "06m_bwd_heavy_first", "06n_bwd_k_in_registers", "06o_bwd_tail_pieces", "06p_bwd_dq_writer", "06q_bwd_persistent", "06l_bwd_deterministic") if HOPPER and r in attn_ladder.rungs() and attn_ladder.has_backward(r)]
 BOUND = {torch.bfloat16: 1e-2, torch.float16: 3e-3}  # common/tolerance.h, the forward's
 SHAPES = [  # (B, H, Hkv, Nq, Nk, d, causal): one key, odd lengths, GQA 4, Nq < Nk and Nq > Nk
     (1, 2, 2, 1, 1, 64, False),
@@ -99,7 +99,7 @@ def assert_compiled_grads_match(loss, q, k, v):
         assert rel_err(traced, eager) <= 1e-2
 
 
-STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "06p_bwd_dq_writer", "05_fa2_reordered") if r in BACKWARD_RUNGS]
+STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "06p_bwd_dq_writer", "06q_bwd_persistent", "05_fa2_reordered") if r in BACKWARD_RUNGS]
 
 
 @pytest.mark.parametrize("rung", STRIDED_RUNGS)
