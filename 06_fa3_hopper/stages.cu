@@ -129,7 +129,7 @@ enum class BwdStep { e_atomics, f_bulk_per_warpgroup, g_bulk_per_cta, h_dq_colum
                      l_tma_store, l_deterministic, m_heavy_first, n_k_in_registers, o_tail_pieces, p_dq_writer,
                      q_persistent };
 // What autograd, training and the context-parallel ring run through 06d_fa3: the fastest step.
-constexpr BwdStep kBackwardOf06d = BwdStep::p_dq_writer;
+constexpr BwdStep kBackwardOf06d = BwdStep::q_persistent;
 template <BwdStep kStep>
 void add_backward_06(Stage& s) {
   s.backward_head_dims = dims_of(fa3::BwdHeadDims{});

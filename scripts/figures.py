@@ -1280,6 +1280,91 @@ def fig_06p(path):
     save(fig, path)
 
 
+@figure("06_fa3_hopper/figures/06q_walking_ctas.png")
+def fig_06q(path):
+    """Left: one SM's time line for three short tiles, 06p (a CTA per tile: its start, the wait
+    for K_j, V_j, the steps, the dK, dV stores) against 06q (one CTA walks them: tile u + 1's
+    K_j, V_j land in the other buffer under tile u's last steps); a drawing, the buffer count
+    parsed from 06q_bwd_persistent.cuh. Right: what the walk saved per tile at d = 64, from the
+    reference run's rows (results/nvidia_h200/vs_cudnn.csv, the run that has
+    06q_bwd_persistent): (06p's time - 06q's) x SMs / tiles, tiles = B·H·N/128."""
+    (buffers,) = parse("06_fa3_hopper/06q_bwd_persistent.cuh", r"kKvBuffers = kPersistent \? (\d+) : 1;")
+    (B_c,) = parse("06_fa3_hopper/fa3_launch.h", r"kBwdKeysPerCta = (\d+);")
+    fig = plt.figure(figsize=(14, 4.6))
+    ax = fig.add_axes([0.0, 0.04, 0.6, 0.86])
+    blank(ax, (0, 27.5), (0, 10))
+    steps, start, kv, store = (3, 2, 1), 0.6, 1.6, 1.2  # a drawing: steps of 2.2 units, fixed parts as measured in proportion
+    step_w = 2.2
+
+    def lane(y, label):
+        ax.text(0.1, y + 0.35, label, fontsize=8.5, ha="left")
+
+    # 06p: CTA after CTA
+    ax.text(0.1, 9.4, "06p: one CTA per tile (one per SM at a time)", fontsize=9.5, weight="bold")
+    lane(8.0, "producer")
+    lane(6.9, "consumers")
+    x = 3.0
+    for t, n in enumerate(steps):
+        box(ax, x, 6.9, start, 0.8, "", C_WAIT)
+        x += start
+        box(ax, x, 8.0, kv, 0.8, f"K,V {t}", C_LOAD, fs=7)
+        box(ax, x, 6.9, kv, 0.8, "wait", C_WAIT, fs=7)
+        x += kv
+        for k in range(n):
+            box(ax, x + 0.05, 6.9, step_w - 0.1, 0.8, f"{t}.{k}", C_GEMM, fs=7, tc="white")
+            x += step_w
+        box(ax, x, 6.9, store, 0.8, "dK,dV", C_SMEM, fs=7)
+        x += store
+    end_06p = x
+    # 06q: one CTA walks them
+    ax.text(0.1, 5.1, f"06q: one CTA walks the tiles ({buffers} K_j, V_j buffers)", fontsize=9.5, weight="bold")
+    lane(3.7, "producer")
+    lane(2.6, "consumers")
+    x = 3.0
+    box(ax, x, 2.6, start, 0.8, "", C_WAIT)
+    x += start
+    box(ax, x, 3.7, kv, 0.8, "K,V 0", C_LOAD, fs=7)
+    box(ax, x, 2.6, kv, 0.8, "wait", C_WAIT, fs=7)
+    x += kv
+    for t, n in enumerate(steps):
+        for k in range(n):
+            box(ax, x + 0.05, 2.6, step_w - 0.1, 0.8, f"{t}.{k}", C_GEMM, fs=7, tc="white")
+            if t + 1 < len(steps) and k == max(n - 2, 0):  # the next tile's K, V under the last steps
+                box(ax, x + 0.05, 3.7, kv, 0.8, f"K,V {t + 1}", C_LOAD, fs=7)
+            x += step_w
+        box(ax, x, 2.6, store / 3, 0.8, "", C_SMEM)
+        x += store / 3
+    ax.annotate("", xy=(x, 2.2), xytext=(end_06p, 2.2), arrowprops=dict(arrowstyle="<->", color="black"))
+    ax.text((x + end_06p) / 2, 1.1, "saved per tile: a CTA start, the\nK_j, V_j wait, most of the stores",
+            ha="center", fontsize=8)
+    ax.text(0.1, 0.1, "t.k: tile t, step k (blue); purple: dK_j, dV_j staged in shared memory (06q: in the dSᵀ tile)\n"
+            "for their TMA stores, whose read 06q waits for only before the next tile's first dSᵀ store", fontsize=7.5)
+    ax2 = fig.add_axes([0.67, 0.14, 0.31, 0.72])
+    with open(REPO / "results/nvidia_h200/vs_cudnn.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    shas = {r["git_sha"] for r in rows if r["rung"] == "06q_bwd_persistent_bwd"}
+    run = [r for r in rows if r["git_sha"] in shas and r["d"] == "64"]
+    for causal, marker, color in ((0, "o", C_GEMM), (1, "s", C_SOFT)):
+        t = {(r["rung"], int(r["N"])): r for r in run if int(r["causal"]) == causal}
+        ns = sorted(n for (rung, n) in t if rung == "06q_bwd_persistent_bwd")
+        saved = []
+        for n in ns:
+            q, p = t[("06q_bwd_persistent_bwd", n)], t[("06p_bwd_dq_writer_bwd", n)]
+            tiles = int(q["B"]) * int(q["H"]) * -(-n // B_c)
+            saved.append((float(p["rung_ms"]) - float(q["rung_ms"])) * 1e3 * H200_SMS / tiles)
+        ax2.plot(ns, saved, marker=marker, color=color, label="causal" if causal else "no mask")
+    ax2.axhline(0.0, color="black", lw=0.8)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xticks([1024, 2048, 4096, 8192, 16384], ["1k", "2k", "4k", "8k", "16k"])
+    ax2.set_xlabel(f"N (B·N = 16384), d = 64; tiles of {B_c} keys")
+    ax2.set_ylabel(f"µs saved per tile: (06p − 06q) × {H200_SMS} SMs / tiles")
+    ax2.set_title(f"measured, one H200, commit {', '.join(sorted(shas))}", fontsize=9)
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.suptitle("06p → 06q: the fixed part of each tile goes under the steps of the one before", fontsize=10.5)
+    save(fig, path)
+
+
 @figure("06_fa3_hopper/figures/bwd_vs_cudnn_turns.png")
 def fig_bwd_vs_cudnn(path):
     """The backward passes against cuDNN's, timed call by call in turns (scripts/vs_cudnn.py
@@ -1289,7 +1374,8 @@ def fig_bwd_vs_cudnn(path):
         rows = [r for r in csv.DictReader(fh) if r["rung"].endswith("_bwd")]
     latest = {(r["rung"], r["d"]): r["git_sha"] for r in rows}
     rows = [r for r in rows if r["git_sha"] == latest[(r["rung"], r["d"])]]
-    styles = {"06p_bwd_dq_writer_bwd": (C_GEMM, "-", "06p (06d_fa3's backward)"),
+    styles = {"06q_bwd_persistent_bwd": (C_HBM, "-", "06q (06d_fa3's backward)"),
+              "06p_bwd_dq_writer_bwd": (C_GEMM, "-", "06p (at d = 128 also 06q's kernel)"),
               "06o_bwd_tail_pieces_bwd": (C_SMEM, "-.", "06o (at d = 64 also 06p's kernel)"),
               "06n_bwd_k_in_registers_bwd": (C_SOFT, "--", "06n"),
               "05_fa2_reordered_bwd": (C_LOAD, ":", "05 (FlashAttention-2's)")}
@@ -1312,7 +1398,11 @@ def fig_bwd_vs_cudnn(path):
         ax.set_title(f"d = {d}", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("speedup over cuDNN's backward (> 1: faster)")
-    axes[1].legend(fontsize=7.5, loc="lower right")
+    seen = {}  # a rung drawn in one panel only (06q at d = 64) still gets its legend entry
+    for a in axes:
+        for h, label in zip(*a.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    axes[1].legend(seen.values(), seen.keys(), fontsize=7, loc="lower right")
     shas = ", ".join(sorted({r["git_sha"] for r in rows}))
     fig.suptitle("Backward passes against SDPA's cuDNN, timed call by call in turns in one process (median of the rounds; "
                  f"band: lowest to highest round); NVIDIA H200, commits {shas}", fontsize=9.5)

@@ -98,7 +98,7 @@ plan() { steps+=("$1"); est+=("$2"); }
 plan "bench: every rung on the sweep" $((rows_bench * row / 2 + 10))
 plan "fp8: the FP8 rungs and the accuracy table" $((rows_fp8 * row / 2 + ${#fp8_accuracy[@]} * 40 + 10))
 plan "decode: flash-decoding on the decode sweep; bandwidth vs bytes in flight" $((rows_decode / 2 + 10))
-plan "backward: 04, 05 and its ablations, 06e-06p" $((rows_bwd * (${#bwd_check[@]} + 1) + 5))
+plan "backward: 04, 05 and its ablations, 06e-06q" $((rows_bwd * (${#bwd_check[@]} + 1) + 5))
 plan "tile timeline: where a persistent CTA's time goes" $(((${#timeline_n[@]} + ${#timeline_fp8_n[@]} + ${#timeline_bwd_n[@]}) * 3))
 plan "peers: PyTorch SDPA on the same sweep, decode and backward" \
   $((rows_peers * row / 2 + rows_decode_peers / 2 + rows_bwd_peers * 2 + 90))
@@ -187,7 +187,7 @@ build/bench/attn_bench --decode-sweep "${decode_nq[@]}" "${timing[@]}" --rungs 0
 build/bench/inflight_bw --csv "$out_dir/inflight.csv" >> "$out_dir/decode.log" 2>&1 || log "inflight_bw FAILED (see decode.log)"
 step "the paper sweep ${bwd_shape[*]}, FLOPs 2.5x the forward's"
 build/bench/attn_bench --backward --paper-sweep "${bwd_shape[@]}" "${timing[@]}" "${bwd_check[@]}" \
-  --rungs 04_fa1_tiled,05_fa2_reordered,05_fa2_dq_pass,05_fa2_bwd_warps_own_keys,06d_fa3,06e_bwd_wgmma,06f_bwd_dq_reduce,06g_bwd_one_dq_add,06h_bwd_dq_columns,06i_bwd_shared_space,06j_bwd_issue_order,06k_bwd_tall_steps,06l_bwd_tma_store,06m_bwd_heavy_first,06n_bwd_k_in_registers,06o_bwd_tail_pieces,06p_bwd_dq_writer \
+  --rungs 04_fa1_tiled,05_fa2_reordered,05_fa2_dq_pass,05_fa2_bwd_warps_own_keys,06d_fa3,06e_bwd_wgmma,06f_bwd_dq_reduce,06g_bwd_one_dq_add,06h_bwd_dq_columns,06i_bwd_shared_space,06j_bwd_issue_order,06k_bwd_tall_steps,06l_bwd_tma_store,06m_bwd_heavy_first,06n_bwd_k_in_registers,06o_bwd_tail_pieces,06p_bwd_dq_writer,06q_bwd_persistent \
   --csv "$out_dir/backward.csv" > "$out_dir/backward.log" 2>&1 || log "backward: some rows FAILED (see backward.log)"
 
 step "06d and FP8, d = 128; the backward's CTAs (06k, 06l); log $out_dir/tile_timeline.txt"

@@ -52,7 +52,7 @@ from . import ring_math
 from .ring_math import zigzag_chunks
 
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float64: 3}
-FORWARD_RUNG = "06d_fa3"  # forward with lse and backward (06p's kernel) on sm_90; FALLBACK_RUNG elsewhere
+FORWARD_RUNG = "06d_fa3"  # forward with lse and backward (06q's kernel) on sm_90; FALLBACK_RUNG elsewhere
 FALLBACK_RUNG = "05_fa2_reordered"
 
 
