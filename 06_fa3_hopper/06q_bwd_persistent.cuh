@@ -72,7 +72,7 @@ struct Config {
   static constexpr bool kDqWriter = B_r == kChunkCols;
   static constexpr int kDsBuffers = kDqWriter ? 2 : 1;  // a warpgroup may be a step ahead
   static_assert(!kDqWriter || kStages == 2, "dSᵀ's buffer is the ring's stage: the step's parity");
-  // Persistent CTAs with two K_j, V_j buffers where they fit (d = 64: 192 KiB; at d = 128 the
+  // Persistent CTAs with two K_j, V_j buffers where they fit (d = 64: 195 KiB; at d = 128 the
   // second 64 KiB would not): the whole tiles' grid then walks tiles, the pieces' does not.
   static constexpr bool kPersistent = D == 64;
   static constexpr int kKvBuffers = kPersistent ? 2 : 1;
