@@ -8,7 +8,9 @@
 #              lowercased, other characters '_', e.g. results/nvidia_h100_80gb_hbm3)
 #   --tests    first run the CPU, GPU and Python tests, compute-sanitizer memcheck, racecheck
 #              and synccheck on build/tests/gpu_tests --gtest_filter=$SANITIZE_FILTER (default
-#              '*Sanitize*': small shapes of every rung), and the GPU tests of a second build,
+#              '*Sanitize*': small shapes of every rung; each tool cut at $SANITIZE_TIMEOUT s,
+#              default 240, the log naming the backward rung and shape it stood at), and the
+#              GPU tests of a second build,
 #              build-sm80, whose rungs 01-05 are compute_80 PTX only (what an A100 build
 #              carries), JIT-compiled on this GPU; TESTS_ONLY=1 stops there
 #   --quick    every plot and lesson table from fewer rows: d = 128, N in {1024, 4096}, fewer
@@ -147,9 +149,12 @@ if [[ $run_tests -eq 1 ]]; then
   filter=${SANITIZE_FILTER:-*Sanitize*}
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     log "tests: compute-sanitizer --tool $tool, gpu_tests --gtest_filter=$filter (log $out_dir/sanitize_$tool.log)"
-    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 build/tests/gpu_tests --gtest_brief=1 --gtest_filter="$filter" \
-      > "$out_dir/sanitize_$tool.log" 2>&1 || status=1
-    tail -n 4 "$out_dir/sanitize_$tool.log"
+    # ATTN_TEST_PROGRESS: the backward tests name each rung and shape before its run
+    ATTN_TEST_PROGRESS=1 timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      build/tests/gpu_tests --gtest_brief=1 --gtest_filter="$filter" > "$out_dir/sanitize_$tool.log" 2>&1 && rc=0 || rc=$?
+    [[ $rc -eq 0 ]] || status=1
+    [[ $rc -eq 124 ]] && log "tests: $tool cut at ${SANITIZE_TIMEOUT:-240} s, at: $(grep -a '^\[progress\]' "$out_dir/sanitize_$tool.log" | tail -n 1)"
+    { grep -av '^\[progress\]' "$out_dir/sanitize_$tool.log" || true; } | tail -n 4
   done
   # Other GPUs: rungs 01-05 as compute_80 PTX alone (06 is always sm_90a), so this GPU's
   # driver JIT-compiles them as it would on an A100; their launches check shared memory

@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "bench/harness.h"
@@ -73,6 +75,13 @@ double chain_error(const std::vector<double>& a, const std::vector<double>& b, c
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
+// ATTN_TEST_PROGRESS set (scripts/reproduce.sh sets it under the sanitizers): a line on
+// stderr before each rung's run, so that a run cut by a timeout says where it stood.
+void progress(const Stage& s, const AttnProblem& p) {
+  static const bool on = std::getenv("ATTN_TEST_PROGRESS") != nullptr;
+  if (on) std::fprintf(stderr, "[progress] %s, %s\n", s.name.c_str(), p.describe().c_str());
+}
+
 // Every rung with a backward on p: each gradient written and finite, within tolerance() of
 // fp64, and within chain_tolerance() of the rung below with a backward. only: that rung alone,
 // against fp64.
@@ -90,6 +99,7 @@ void check_backward(const AttnProblem& p, cudaStream_t stream, const char* only 
   for (const Stage* s : backward_stages()) {
     if (!backward_runs_here(*s, p) || (only && s->name != only)) continue;
     SCOPED_TRACE(s->name);
+    progress(*s, p);
     const RungGrads out = run_rung_backward(*s, in, g, stream);
     const DeviceBuffer* got[3] = {&out.dq, &out.dk, &out.dv};
     std::vector<std::vector<double>> grads;
