@@ -629,7 +629,7 @@ __device__ void consume(Smem& s, const BwdParams<T>& p, const Work& w, int wg, i
     stage_dkv<Cfg, D>(dV_tile, dV, 1.f);
     fence_proxy_async_shared();
     named_barrier_sync(kDkvStaged + wg, Cfg::kWgThreads);
-    if (lead && wg_key0 < p.Nk) {
+    if (lead && wg_key0 < p.Nk) {  // rows past Nk are not written; a box wholly past it is not issued
       tma_store_3d(&p.dk_map, dK_tile, 0, wg_key0, w.bh_kv);
       tma_store_3d(&p.dv_map, dV_tile, 0, wg_key0, w.bh_kv);
     }
@@ -834,9 +834,10 @@ void launch_backward(const AttnProblem& pr, const AttnBwdTensors& t, cudaStream_
   const int64_t rows = pr.lse_elems();
   constexpr int kMaxBlocks = 8192, kRowsPerBlock = fa2::kPrepassThreads / fa2::kPrepassLanes<D>;
   const int64_t prepass_blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);
-  // the walking grid's tile counter: the 16 bytes after the sums, zeroed with them
+  // the walking grid's tile counter: the float4 after the sums, zeroed with them
+  static_assert(kTileCounterBytes == sizeof(float4), "the pre-pass zeroes float4s");
   int* tile_counter = reinterpret_cast<int*>(reinterpret_cast<char*>(dkv_tail) + tail_sums_bytes(plan, D));
-  const int64_t tail4 = int64_t(tail_sums_bytes(plan, D) / sizeof(float4)) + (Cfg::kPersistent ? 1 : 0);
+  const int64_t tail4 = int64_t((tail_sums_bytes(plan, D) + (Cfg::kPersistent ? kTileCounterBytes : 0)) / sizeof(float4));
   prepass_and_tail<D, T><<<unsigned(prepass_blocks), fa2::kPrepassThreads, 0, stream>>>(
       f, dout, rows, reinterpret_cast<float4*>(dkv_tail), tail4);
   CUDA_CHECK_LAUNCH();

@@ -327,22 +327,17 @@ using step06o::tail_sums_bytes;
 using step06o::TailPiece;
 using step06o::TailPlan;
 }
-// 06p with persistent CTAs at d = 64 (06q_bwd_persistent.cuh): 06o's grid order, tail pieces
-// and workspace, and after the tail's sums 16 bytes for the walking grid's tile counter.
+// 06p with persistent CTAs at d = 64 (06q_bwd_persistent.cuh): 06p's (06o's) grid order, tail
+// pieces and workspace, and after the tail's sums one float4, zeroed with them by the
+// pre-pass, for the walking grid's tile counter.
 namespace step06q {
 template <int D, typename T>
 void launch_backward(const AttnProblem& p, const AttnBwdTensors& t, cudaStream_t stream);
-using step06o::bwd_order;
-using step06o::cta_order;
-using step06o::head_divisor;
-using step06o::HeadDivisor;
-using step06o::kTailAlign;
-using step06o::tail_piece;
-using step06o::tail_plan_for;
-using step06o::tail_sums_bytes;
-using step06o::TailPiece;
-using step06o::TailPlan;
-inline size_t workspace_bytes_after_05(const TailPlan& plan, int d) { return tail_sums_bytes(plan, d) + kTailAlign + 16; }
+using namespace step06p;  // its uses of step06o's plan; its own launch_backward is hidden by ours
+constexpr size_t kTileCounterBytes = 16;
+inline size_t workspace_bytes_after_05(const TailPlan& plan, int d) {
+  return tail_sums_bytes(plan, d) + kTailAlign + kTileCounterBytes;
+}
 }
 
 }  // namespace attn::fa3

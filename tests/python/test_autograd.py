@@ -108,7 +108,7 @@ STRIDED_RUNGS = [r for r in ("06d_fa3", "06o_bwd_tail_pieces", "06p_bwd_dq_write
                          ids=lambda s: "B{}H{}kv{}_Nq{}_Nk{}_d{}{}".format(*s[:6], "_causal" * s[6]))
 def test_transposed_output_gradient(rung, shape):
     """O used as a training step's block uses it, O.transpose(1, 2).reshape(B, N, H·d): dL/dO
-    then arrives as the transpose of a [B, N, H, d] tensor. 06o's and 06p's backward (06d_fa3's) read it
+    then arrives as the transpose of a [B, N, H, d] tensor. 06o's-06q's backward (06d_fa3's) read it
     as it lies, through a 4-D tensor map and strided pre-pass loads; rung 05 gets a copy (the
     hook asks the binding's dout_for which). Every gradient within the forward's bounds of
     fp64's (a wrong stride would give garbage)."""
@@ -121,7 +121,7 @@ def test_transposed_output_gradient(rung, shape):
     o = attn_ladder.attention(q, k, v, rung=rung, causal=causal)
     o.register_hook(lambda g: seen.append((g.is_contiguous(), attn_ladder._capi.dout_for(rung, g) is g)))
     (o.transpose(1, 2).reshape(B, Nq, H * d) * w).sum().backward()
-    assert seen == [(False, rung != "05_fa2_reordered")]  # strided; read in place by 06o's and 06p's backward only
+    assert seen == [(False, rung != "05_fa2_reordered")]  # strided; read in place by 06o's-06q's backward only
     w_bhnd = w.view(B, Nq, H, d).transpose(1, 2)
     for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), reference_grads(q, k, v, w_bhnd, causal)):
         assert rel_err(got, want) <= BOUND[torch.bfloat16], f"d{name}: relative error {rel_err(got, want):.2e}"
